@@ -1,0 +1,624 @@
+//! The etcd backend: [`Store`] over a real etcd cluster through `etcd-client`.
+//!
+//! # Mapping onto etcd
+//!
+//! - `range` is one linearizable etcd Range over `[start or prefix, prefix_end(prefix))`.
+//! - `txn` is one etcd Txn: `ModRevision(key) == r` per compare (`CreateRevision(key) == 0`
+//!   for r = 0, i.e. "absent"); the success branch runs the Put/Delete ops with `prev_kv`, the
+//!   failure branch Gets every compared key, so both outcomes take a single round trip.
+//! - `watch` is an etcd watch on the prefix from `after_revision + 1` with `prev_kv`. If the
+//!   gRPC stream breaks (etcd restarted, connection reset, keep-alive timeout) the stream
+//!   re-creates the watch from the revision after the last event it delivered, retrying with
+//!   backoff (100 ms doubling to 2 s) for as long as it takes, so the consumer sees neither a
+//!   gap nor a duplicate. Only a compaction ([`Error::Compacted`], `requested` = the first
+//!   revision the watch still needed) or an unexpected cancel by etcd ends the stream, with
+//!   that error as its last item. Delete events carry etcd's tombstone: empty value,
+//!   `mod_revision` = the delete's revision, `create_revision` taken from `prev_kv` (etcd
+//!   itself reports 0).
+//! - Every unary call is bounded by a request timeout; while etcd is unreachable calls fail
+//!   with [`Error::Unavailable`]. The underlying tonic channel redials by itself.
+//!
+//! # Compaction and `compacted_revision`
+//!
+//! `compact(r)` is etcd's `Compact(r)` (not physical): history before `r` is dropped, `r`
+//! itself stays readable, and the compacted revision is `r` — the oldest revision that
+//! reads and watches can still start from. Reads at a revision below it fail with
+//! [`Error::Compacted`], and so does a watch that would need an event before it (a watch
+//! after `r - 1`, i.e. starting at `r`, still works, as in etcd). Compacting at or below the
+//! current compacted revision is a no-op; beyond the current revision, `FutureRevision`.
+//!
+//! etcd has no API that returns its compacted revision. This backend keeps the highest
+//! compacted revision it knows of in memory (shared with its watch streams) and learns
+//! about compactions done by others (another apiserver, `etcdctl compact`, a restart of this
+//! process):
+//! - `compacted_revision()` checks the cached value `c` with one count-only Range at
+//!   revision `max(c, 1)`; only if etcd says that revision is compacted does it
+//!   binary-search the oldest readable revision with count-only Ranges (about
+//!   log2(current revision) round trips);
+//! - a Range failing with "required revision has been compacted" runs the same discovery to
+//!   fill in [`Error::Compacted::compacted`];
+//! - a watch cancelled for compaction carries etcd's compact revision, which is recorded;
+//! - `connect` runs the discovery once, so a restarted apiserver knows it immediately.
+//!
+//! An etcd that was never compacted reports 0 (compacting at revision 1 is indistinguishable
+//! from that, and drops nothing).
+//!
+//! Nothing is written to etcd for this bookkeeping, so compaction never bumps the revision.
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use etcd_client::proto::{PbKeyValue, PbTxnOpResponse};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient, PutOptions, TxnOp, WatchClient,
+    WatchOptions,
+};
+use futures::StreamExt;
+
+use crate::*;
+
+/// Default bound on one etcd request (and on establishing a connection).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Responses can hold many 1.5 MiB values (a range, or a watch batch with previous values):
+/// accept anything etcd is willing to send (its own limit is `math.MaxInt32`).
+const MAX_DECODING_MESSAGE_SIZE: usize = i32::MAX as usize;
+
+/// A key nobody uses, for cheap count-only probes (`current_revision`, compaction discovery).
+const PROBE_KEY: &[u8] = b"\0minik8s-probe";
+
+/// Watch re-establishment backoff.
+const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Tunables for [`EtcdStore::connect_with`].
+#[derive(Clone, Debug)]
+pub struct EtcdOptions {
+    /// Upper bound on every unary request (range, txn, compact, ...) and on opening a watch.
+    pub request_timeout: Duration,
+    /// Upper bound on establishing a TCP/HTTP2 connection to an endpoint.
+    pub connect_timeout: Duration,
+    /// HTTP/2 keep-alive ping interval while watches are open: a watch whose connection died
+    /// silently (no reset, e.g. a partition or a frozen etcd) is re-established after about
+    /// `keep_alive_interval + request_timeout`. Keep it at or above etcd's
+    /// `--grpc-keepalive-min-time` (5 s by default).
+    pub keep_alive_interval: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            connect_timeout: DEFAULT_REQUEST_TIMEOUT,
+            keep_alive_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// [`Store`] over etcd v3.
+pub struct EtcdStore {
+    kv: KvClient,
+    watch: WatchClient,
+    opts: EtcdOptions,
+    /// Highest compacted revision known (etcd's: the oldest readable revision; 0 = never).
+    compacted: Arc<AtomicI64>,
+    // Keeps the client (and its channel) alive for the clones above.
+    _client: Client,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("opts", &self.opts)
+            .field("compacted", &self.compacted.load(Ordering::SeqCst))
+            .finish_non_exhaustive()
+    }
+}
+
+/// An etcd failure, with the two mvcc errors that need context singled out.
+#[derive(Debug)]
+enum Failure {
+    /// "mvcc: required revision has been compacted"
+    Compacted,
+    /// "mvcc: required revision is a future revision"
+    FutureRevision,
+    Other(Error),
+}
+
+impl Failure {
+    /// For calls where the mvcc errors are not expected.
+    fn into_error(self, what: &str) -> Error {
+        match self {
+            Failure::Compacted => Error::Internal(format!("etcd {what}: unexpected compacted-revision error")),
+            Failure::FutureRevision => Error::Internal(format!("etcd {what}: unexpected future-revision error")),
+            Failure::Other(e) => e,
+        }
+    }
+}
+
+/// Map an etcd-client error onto the storage errors.
+fn classify(what: &str, e: etcd_client::Error) -> Failure {
+    use etcd_client::Error as E;
+    use grpc_code::*;
+    match e {
+        E::GRpcStatus(status) => {
+            let msg = status.message();
+            if msg.contains("required revision has been compacted") {
+                return Failure::Compacted;
+            }
+            if msg.contains("required revision is a future revision") {
+                return Failure::FutureRevision;
+            }
+            let text = format!("etcd {what}: {:?}: {msg}", status.code());
+            let too_large = msg.contains("request is too large") || msg.contains("received message larger than max");
+            let err = match status.code() as i32 {
+                _ if too_large => Error::InvalidRequest(text),
+                UNAVAILABLE | DEADLINE_EXCEEDED | CANCELLED | UNKNOWN => Error::Unavailable(text),
+                // "etcdserver: too many requests", "etcdserver: request timed out" and friends.
+                RESOURCE_EXHAUSTED | ABORTED => Error::Unavailable(text),
+                INVALID_ARGUMENT => Error::InvalidRequest(text),
+                _ if msg.contains("no leader") || msg.contains("leader changed") || msg.contains("timed out") => {
+                    Error::Unavailable(text)
+                }
+                _ => Error::Internal(text),
+            };
+            Failure::Other(err)
+        }
+        E::TransportError(e) => Failure::Other(Error::Unavailable(format!("etcd {what}: transport error: {e}"))),
+        E::IoError(e) => Failure::Other(Error::Unavailable(format!("etcd {what}: io error: {e}"))),
+        E::InvalidArgs(m) => Failure::Other(Error::InvalidRequest(format!("etcd {what}: {m}"))),
+        E::InvalidUri(e) => Failure::Other(Error::InvalidRequest(format!("etcd {what}: invalid uri: {e}"))),
+        E::WatchError(m) => Failure::Other(Error::Unavailable(format!("etcd {what}: watch error: {m}"))),
+        other => Failure::Other(Error::Internal(format!("etcd {what}: {other}"))),
+    }
+}
+
+/// gRPC status codes (numeric, so that tonic need not be a direct dependency).
+mod grpc_code {
+    pub const CANCELLED: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
+    pub const INVALID_ARGUMENT: i32 = 3;
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
+    pub const ABORTED: i32 = 10;
+    pub const UNAVAILABLE: i32 = 14;
+}
+
+/// Whether an unavailability error says the request never left this process (no connection
+/// could be made), as opposed to an outcome we cannot know (timeout, connection lost).
+fn never_sent(msg: &str) -> bool {
+    msg.contains("tcp connect error") || msg.contains("Connection refused")
+}
+
+fn kv_from_pb(kv: PbKeyValue) -> Result<KeyValue> {
+    let key = String::from_utf8(kv.key)
+        .map_err(|e| Error::Internal(format!("etcd returned a key that is not UTF-8: {:?}", e.as_bytes())))?;
+    Ok(KeyValue {
+        key,
+        value: Bytes::from(kv.value),
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+    })
+}
+
+fn header_revision(header: Option<&etcd_client::proto::PbResponseHeader>, what: &str) -> Result<Revision> {
+    header.map(|h| h.revision).ok_or_else(|| Error::Internal(format!("etcd {what}: response without header")))
+}
+
+/// Run one etcd call under the request timeout.
+async fn call<T>(
+    timeout: Duration,
+    what: &str,
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(classify(what, e)),
+        Err(_) => Err(Failure::Other(Error::Unavailable(format!("etcd {what}: no answer within {timeout:?}")))),
+    }
+}
+
+impl EtcdStore {
+    /// Connect to etcd (`http://host:port` or `host:port` endpoints) with default options and
+    /// check that it answers. Fails with [`Error::Unavailable`] if it does not.
+    pub async fn connect(endpoints: &[String]) -> Result<Self> {
+        Self::connect_with(endpoints, EtcdOptions::default()).await
+    }
+
+    /// [`EtcdStore::connect`] with explicit options.
+    pub async fn connect_with(endpoints: &[String], opts: EtcdOptions) -> Result<Self> {
+        if endpoints.is_empty() {
+            return Err(Error::InvalidRequest("no etcd endpoints given".into()));
+        }
+        let options = ConnectOptions::new()
+            .with_connect_timeout(opts.connect_timeout)
+            .with_timeout(opts.request_timeout)
+            .with_keep_alive(opts.keep_alive_interval, opts.request_timeout)
+            // Only ping while streams (watches) are open: etcd's keepalive policy answers
+            // pings on an idle connection with GOAWAY "too_many_pings".
+            .with_keep_alive_while_idle(false);
+        let client = call(opts.request_timeout, "connect", Client::connect(endpoints, Some(options)))
+            .await
+            .map_err(|f| f.into_error("connect"))?;
+        let kv = client.kv_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
+        let watch = client.watch_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
+        let store = EtcdStore { kv, watch, opts, compacted: Arc::new(AtomicI64::new(0)), _client: client };
+        // Check that etcd answers, and learn how far it has been compacted.
+        let compacted = store.refresh_compacted().await?;
+        tracing::info!(?endpoints, compacted, "connected to etcd");
+        Ok(store)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.opts.request_timeout
+    }
+
+    fn known_compacted(&self) -> Revision {
+        self.compacted.load(Ordering::SeqCst)
+    }
+
+    fn note_compacted(&self, rev: Revision) -> Revision {
+        let prev = self.compacted.fetch_max(rev, Ordering::SeqCst);
+        prev.max(rev)
+    }
+
+    /// Count-only read at `revision` of a key nobody uses.
+    async fn probe_at(&self, revision: Revision) -> Result<Revision, Failure> {
+        let opts = GetOptions::new().with_count_only().with_revision(revision);
+        let resp = call(self.timeout(), "range", self.kv.clone().get(PROBE_KEY, Some(opts))).await?;
+        header_revision(resp.0.header.as_ref(), "range").map_err(Failure::Other)
+    }
+
+    /// Bring the cached compacted revision up to date with etcd. See the module docs.
+    async fn refresh_compacted(&self) -> Result<Revision> {
+        let cached = self.known_compacted();
+        match self.probe_at(cached.max(1)).await {
+            Ok(_) | Err(Failure::FutureRevision) => return Ok(self.known_compacted()),
+            Err(Failure::Compacted) => {}
+            Err(Failure::Other(e)) => return Err(e),
+        }
+        // Someone compacted beyond what we know: find etcd's oldest readable revision in
+        // [cached + 1, current] (the current revision is always readable).
+        let current = self.probe_at(0).await.map_err(|f| f.into_error("range"))?;
+        let (mut lo, mut hi) = (cached.max(1) + 1, current.max(cached.max(1) + 1));
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.probe_at(mid).await {
+                Ok(_) | Err(Failure::FutureRevision) => hi = mid,
+                Err(Failure::Compacted) => lo = mid + 1,
+                Err(Failure::Other(e)) => return Err(e),
+            }
+        }
+        let compacted = self.note_compacted(lo);
+        tracing::debug!(compacted, "discovered etcd compaction");
+        Ok(compacted)
+    }
+
+    /// Turn a range failure at `requested` into the storage error.
+    async fn read_failure(&self, f: Failure, requested: Revision) -> Error {
+        match f {
+            Failure::Compacted => match self.refresh_compacted().await {
+                Ok(compacted) => Error::Compacted { requested, compacted: compacted.max(requested + 1) },
+                Err(e) => e,
+            },
+            Failure::FutureRevision => match self.probe_at(0).await {
+                Ok(current) => Error::FutureRevision { requested, current },
+                Err(f) => f.into_error("range"),
+            },
+            Failure::Other(e) => e,
+        }
+    }
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn current_revision(&self) -> Result<Revision> {
+        self.probe_at(0).await.map_err(|f| f.into_error("range"))
+    }
+
+    async fn range(&self, range: Range) -> Result<RangeResult> {
+        if range.revision < 0 {
+            return Err(Error::InvalidRequest(format!("negative revision {}", range.revision)));
+        }
+        if let Some(start) = &range.start {
+            if !start.starts_with(&range.prefix) {
+                return Err(Error::InvalidRequest(format!(
+                    "start key {start:?} is not under prefix {:?}",
+                    range.prefix
+                )));
+            }
+        }
+        if range.revision > 0 {
+            let compacted = self.known_compacted();
+            if range.revision < compacted {
+                return Err(Error::Compacted { requested: range.revision, compacted });
+            }
+        }
+        let mut key = range.start.as_deref().unwrap_or(&range.prefix).as_bytes().to_vec();
+        if key.is_empty() {
+            key = vec![0];
+        }
+        let mut opts = GetOptions::new().with_range(prefix_end(&range.prefix)).with_revision(range.revision);
+        if range.limit > 0 {
+            opts = opts.with_limit(i64::try_from(range.limit).unwrap_or(i64::MAX));
+        }
+        let resp = match call(self.timeout(), "range", self.kv.clone().get(key, Some(opts))).await {
+            Ok(resp) => resp.0,
+            Err(f) => return Err(self.read_failure(f, range.revision).await),
+        };
+        let current = header_revision(resp.header.as_ref(), "range")?;
+        let kvs = resp.kvs.into_iter().map(kv_from_pb).collect::<Result<Vec<_>>>()?;
+        Ok(RangeResult { kvs, revision: if range.revision > 0 { range.revision } else { current }, more: resp.more })
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
+        for (key, rev) in &txn.compares {
+            if *rev < 0 {
+                return Err(Error::InvalidRequest(format!("negative revision {rev} for key {key:?}")));
+            }
+        }
+        if let Some(op) =
+            txn.compares.iter().map(|(k, _)| k.as_str()).chain(txn.ops.iter().map(Op::key)).find(|k| k.is_empty())
+        {
+            return Err(Error::InvalidRequest(format!("empty key {op:?} in transaction")));
+        }
+        let compares: Vec<Compare> = txn
+            .compares
+            .iter()
+            .map(|(key, rev)| {
+                if *rev == 0 {
+                    Compare::create_revision(key.as_str(), CompareOp::Equal, 0)
+                } else {
+                    Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev)
+                }
+            })
+            .collect();
+        let ops: Vec<TxnOp> = txn
+            .ops
+            .iter()
+            .map(|op| match op {
+                Op::Put { key, value } => {
+                    TxnOp::put(key.as_str(), value.to_vec(), Some(PutOptions::new().with_prev_key()))
+                }
+                Op::Delete { key } => TxnOp::delete(key.as_str(), Some(DeleteOptions::new().with_prev_key())),
+            })
+            .collect();
+        let reads: Vec<TxnOp> = txn.compares.iter().map(|(key, _)| TxnOp::get(key.as_str(), None)).collect();
+        let request = etcd_client::Txn::new().when(compares).and_then(ops).or_else(reads);
+
+        let resp = match call(self.timeout(), "txn", self.kv.clone().txn(request)).await {
+            Ok(resp) => resp.0,
+            Err(Failure::Other(Error::Unavailable(msg))) => {
+                let outcome = if never_sent(&msg) {
+                    "nothing was written"
+                } else {
+                    "the transaction may or may not have been applied"
+                };
+                return Err(Error::Unavailable(format!("{msg} ({outcome})")));
+            }
+            Err(f) => return Err(f.into_error("txn")),
+        };
+        let revision = header_revision(resp.header.as_ref(), "txn")?;
+        let mut responses = resp.responses.into_iter().map(|r| r.response);
+        if resp.succeeded {
+            let mut prev = Vec::with_capacity(txn.ops.len());
+            for op in &txn.ops {
+                let kv = match (op, responses.next().flatten()) {
+                    (Op::Put { .. }, Some(PbTxnOpResponse::ResponsePut(put))) => put.prev_kv,
+                    (Op::Delete { key }, Some(PbTxnOpResponse::ResponseDeleteRange(del))) => {
+                        del.prev_kvs.into_iter().find(|kv| kv.key == key.as_bytes())
+                    }
+                    (_, other) => {
+                        return Err(Error::Internal(format!(
+                            "etcd txn: unexpected response {other:?} for op on {:?}",
+                            op.key()
+                        )))
+                    }
+                };
+                prev.push(kv.map(kv_from_pb).transpose()?);
+            }
+            Ok(TxnOutcome::Committed { revision, prev })
+        } else {
+            let mut current = Vec::with_capacity(txn.compares.len());
+            for (key, _) in &txn.compares {
+                let kv = match responses.next().flatten() {
+                    Some(PbTxnOpResponse::ResponseRange(r)) => r.kvs.into_iter().find(|kv| kv.key == key.as_bytes()),
+                    other => {
+                        return Err(Error::Internal(format!("etcd txn: unexpected response {other:?} for get {key:?}")))
+                    }
+                };
+                current.push(kv.map(kv_from_pb).transpose()?);
+            }
+            Ok(TxnOutcome::Failed { revision, current })
+        }
+    }
+
+    async fn watch(&self, prefix: &str, after_revision: Revision) -> Result<WatchStream> {
+        if after_revision < 0 {
+            return Err(Error::InvalidRequest(format!("negative revision {after_revision}")));
+        }
+        let compacted = self.known_compacted();
+        if after_revision.saturating_add(1) < compacted {
+            return Err(Error::Compacted { requested: after_revision.saturating_add(1), compacted });
+        }
+        let mut state = WatchState {
+            client: self.watch.clone(),
+            prefix: prefix.to_string(),
+            after: after_revision,
+            stream: None,
+            pending: VecDeque::new(),
+            deferred_error: None,
+            done: false,
+            compacted: self.compacted.clone(),
+            timeout: self.timeout(),
+            backoff: WATCH_BACKOFF_MIN,
+        };
+        // Open the first watch here so that an unreachable etcd is reported to the caller.
+        state.stream = Some(state.open().await?);
+        tracing::debug!(prefix, after_revision, "etcd watch started");
+        Ok(futures::stream::unfold(state, |mut state| async move {
+            let item = state.next_item().await?;
+            Some((item, state))
+        })
+        .boxed())
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        if revision <= 0 || revision <= self.known_compacted() {
+            return Ok(());
+        }
+        let current = self.current_revision().await?;
+        if revision > current {
+            return Err(Error::FutureRevision { requested: revision, current });
+        }
+        match call(self.timeout(), "compact", self.kv.clone().compact(revision, None)).await {
+            Ok(_) => {}
+            // Already compacted at or beyond `revision` (by another client).
+            Err(Failure::Compacted) => {
+                self.refresh_compacted().await?;
+            }
+            Err(Failure::FutureRevision) => {
+                return Err(Error::FutureRevision { requested: revision, current });
+            }
+            Err(Failure::Other(Error::Unavailable(msg))) if !never_sent(&msg) => {
+                return Err(Error::Unavailable(format!("{msg} (the compaction may or may not have happened)")))
+            }
+            Err(Failure::Other(e)) => return Err(e),
+        }
+        let compacted = self.note_compacted(revision);
+        tracing::debug!(revision, compacted, "compacted etcd");
+        Ok(())
+    }
+
+    async fn compacted_revision(&self) -> Result<Revision> {
+        self.refresh_compacted().await
+    }
+}
+
+/// The state behind one [`WatchStream`].
+struct WatchState {
+    client: WatchClient,
+    prefix: String,
+    /// Every event up to and including this revision has been delivered (or queued).
+    after: Revision,
+    stream: Option<etcd_client::WatchStream>,
+    /// Events of the last etcd response not yet handed out.
+    pending: VecDeque<Event>,
+    /// An error to hand out once `pending` is drained; the stream ends after it.
+    deferred_error: Option<Error>,
+    done: bool,
+    compacted: Arc<AtomicI64>,
+    timeout: Duration,
+    backoff: Duration,
+}
+
+impl WatchState {
+    /// Create the etcd watch from `after + 1`.
+    async fn open(&self) -> Result<etcd_client::WatchStream> {
+        let mut key = self.prefix.as_bytes().to_vec();
+        if key.is_empty() {
+            key = vec![0];
+        }
+        let opts = WatchOptions::new()
+            .with_range(prefix_end(&self.prefix))
+            .with_start_revision(self.after.saturating_add(1))
+            .with_prev_key();
+        call(self.timeout, "watch", self.client.clone().watch(key, Some(opts))).await.map_err(|f| f.into_error("watch"))
+    }
+
+    async fn next_item(&mut self) -> Option<Result<Event>> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(Ok(event));
+            }
+            if let Some(e) = self.deferred_error.take() {
+                return Some(Err(e));
+            }
+            if self.done {
+                return None;
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                match self.open().await {
+                    Ok(stream) => {
+                        tracing::info!(prefix = %self.prefix, after = self.after, "etcd watch re-established");
+                        self.stream = Some(stream);
+                    }
+                    Err(Error::Unavailable(msg)) => {
+                        tracing::debug!(prefix = %self.prefix, %msg, "etcd watch: cannot re-establish yet");
+                        self.sleep_backoff().await;
+                    }
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(e));
+                    }
+                }
+                continue;
+            };
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    if let Err(e) = self.handle(resp.0) {
+                        // Deliver what was queued before the error, then the error, then end.
+                        self.done = true;
+                        self.stream = None;
+                        self.deferred_error = Some(e);
+                    }
+                }
+                Ok(None) => {
+                    tracing::warn!(prefix = %self.prefix, after = self.after, "etcd watch stream ended; re-watching");
+                    self.stream = None;
+                    self.sleep_backoff().await;
+                }
+                Err(e) => {
+                    tracing::warn!(prefix = %self.prefix, after = self.after, error = %e, "etcd watch stream broke; re-watching");
+                    self.stream = None;
+                    self.sleep_backoff().await;
+                }
+            }
+        }
+    }
+
+    async fn sleep_backoff(&mut self) {
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(WATCH_BACKOFF_MAX);
+    }
+
+    /// Queue the events of one etcd response.
+    fn handle(&mut self, resp: etcd_client::proto::PbWatchResponse) -> Result<()> {
+        if resp.compact_revision != 0 {
+            let compacted = resp.compact_revision;
+            let compacted = self.compacted.fetch_max(compacted, Ordering::SeqCst).max(compacted);
+            return Err(Error::Compacted { requested: self.after.saturating_add(1), compacted });
+        }
+        if resp.canceled {
+            return Err(Error::Unavailable(format!("etcd cancelled the watch: {}", resp.cancel_reason)));
+        }
+        self.backoff = WATCH_BACKOFF_MIN;
+        for ev in resp.events {
+            let kind = match ev.r#type {
+                0 => EventKind::Put,
+                1 => EventKind::Delete,
+                other => return Err(Error::Internal(format!("etcd watch: unknown event type {other}"))),
+            };
+            let Some(kv) = ev.kv else {
+                return Err(Error::Internal("etcd watch: event without kv".into()));
+            };
+            let mut kv = kv_from_pb(kv)?;
+            if kv.mod_revision <= self.after {
+                // Already delivered before a re-watch; never expected from etcd.
+                tracing::warn!(key = %kv.key, revision = kv.mod_revision, "etcd watch: skipping duplicate event");
+                continue;
+            }
+            let prev = ev.prev_kv.map(kv_from_pb).transpose()?;
+            if kind == EventKind::Delete {
+                // etcd's tombstone says 0; the trait promises the deleted incarnation's.
+                kv.create_revision = prev.as_ref().map_or(0, |p| p.create_revision);
+            }
+            self.pending.push_back(Event { kind, kv, prev });
+        }
+        if let Some(last) = self.pending.back() {
+            self.after = last.kv.mod_revision;
+        }
+        Ok(())
+    }
+}

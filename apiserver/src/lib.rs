@@ -1,0 +1,155 @@
+//! MiniK8s apiserver: the Kubernetes REST API over the `storage` crate.
+//!
+//! Request path: HTTP ([`server`]) → decode + typed check ([`registry::generic`]) →
+//! per-kind strategy ([`registry::kinds`] …) → storage (guarded transactions) → watch cache
+//! ([`watch`]) → watchers. The static resource table ([`resources`]) drives discovery and
+//! routing.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use storage::Store;
+
+pub mod continuetoken;
+pub mod error;
+pub mod ipalloc;
+pub mod metrics;
+pub mod patch;
+pub mod registry;
+pub mod requestinfo;
+pub mod resources;
+pub mod selectors;
+pub mod server;
+pub mod table;
+pub mod validation;
+pub mod watch;
+
+use registry::generic::{Registry, WriteOptions};
+
+/// Everything the server needs besides the listener.
+pub struct Options {
+    pub service_cluster_ip_range: String,
+    pub service_node_port_range: String,
+    pub max_requests_inflight: usize,
+    pub max_mutating_requests_inflight: usize,
+    /// Events kept per resource in the watch cache.
+    pub watch_cache_size: usize,
+    /// `host:port` clients are told to use (discovery's serverAddressByClientCIDRs).
+    pub advertise_address: String,
+    pub port: u16,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            service_cluster_ip_range: "10.96.0.0/12".into(),
+            service_node_port_range: "30000-32767".into(),
+            max_requests_inflight: 400,
+            max_mutating_requests_inflight: 200,
+            watch_cache_size: 10_000,
+            advertise_address: "127.0.0.1:6443".into(),
+            port: 6443,
+        }
+    }
+}
+
+/// Build the application state over a store (already opened).
+pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<server::AppState>> {
+    let metrics = metrics::Metrics::new();
+    let store: Arc<dyn Store> = Arc::new(metrics::MeteredStore::new(store, metrics.clone()));
+    let ip_range = ipalloc::IpRange::parse(&opts.service_cluster_ip_range).map_err(anyhow::Error::msg)?;
+    let port_range = ipalloc::PortRange::parse(&opts.service_node_port_range).map_err(anyhow::Error::msg)?;
+    let registry = Arc::new(Registry::new(store.clone(), ip_range, port_range));
+    Ok(Arc::new(server::AppState {
+        registry,
+        caches: Arc::new(watch::WatchCaches::new(store, opts.watch_cache_size)),
+        metrics,
+        readonly: Arc::new(tokio::sync::Semaphore::new(opts.max_requests_inflight.max(1))),
+        mutating: Arc::new(tokio::sync::Semaphore::new(opts.max_mutating_requests_inflight.max(1))),
+        server_address: opts.advertise_address.clone(),
+        timing: watch::WatchTiming::default(),
+    }))
+}
+
+/// The namespaces every cluster has.
+pub const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// Create the system namespaces and the `kubernetes` Service if missing. Idempotent.
+pub async fn bootstrap(state: &server::AppState, opts: &Options) -> Result<(), error::ApiError> {
+    let reg = &state.registry;
+    let ns_res =
+        resources::find("", "v1", "namespaces").ok_or_else(|| error::ApiError::internal("no namespaces resource"))?;
+    for ns in SYSTEM_NAMESPACES {
+        let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        match reg.create(ns_res, "", body, &WriteOptions::default()).await {
+            Ok(_) => tracing::info!(namespace = ns, "created system namespace"),
+            Err(e) if e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let svc_res =
+        resources::find("", "v1", "services").ok_or_else(|| error::ApiError::internal("no services resource"))?;
+    let ip = reg.ip_range.first().to_string();
+    let body = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+        "spec": {"type": "ClusterIP", "clusterIP": ip, "sessionAffinity": "None",
+                 "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": opts.port}]},
+    });
+    match reg.create(svc_res, "default", body, &WriteOptions::default()).await {
+        Ok(_) => tracing::info!(ip, "created the kubernetes service"),
+        Err(e) if e.code == 409 || e.code == 422 => {}
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// Parse a Go duration as Kubernetes flags take them: `5m`, `30s`, `1h30m`, `500ms`, `0`.
+pub fn parse_go_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        if num_len == 0 {
+            return Err(format!("invalid duration {s:?}"));
+        }
+        let n: f64 = rest[..num_len].parse().map_err(|_| format!("invalid duration {s:?}"))?;
+        rest = &rest[num_len..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let factor = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            "ns" => 0.000_000_001,
+            u => return Err(format!("unknown unit {u:?} in duration {s:?}")),
+        };
+        total += n * factor;
+        rest = &rest[unit_len..];
+    }
+    Ok(std::time::Duration::from_secs_f64(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_go_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_go_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_go_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_go_duration("5x").is_err());
+        assert!(parse_go_duration("m").is_err());
+    }
+}

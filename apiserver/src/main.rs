@@ -1,0 +1,125 @@
+//! The `apiserver` binary.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(name = "apiserver", about = "MiniK8s apiserver: the Kubernetes REST API", version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind_address: String,
+    /// Port to serve plain HTTP on.
+    #[arg(long, default_value_t = 6443)]
+    port: u16,
+    /// Directory of the embedded store (a SQLite file inside it).
+    #[arg(long, default_value = "/var/lib/minik8s")]
+    data_dir: PathBuf,
+    /// etcd endpoints (comma-separated); selects the etcd backend instead of the embedded one.
+    #[arg(long, value_delimiter = ',')]
+    etcd_servers: Vec<String>,
+    /// CIDR Service cluster IPs are allocated from.
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cluster_ip_range: String,
+    /// Port range NodePorts are allocated from.
+    #[arg(long, default_value = "30000-32767")]
+    service_node_port_range: String,
+    /// Bound on concurrent read-only requests (429 beyond it).
+    #[arg(long, default_value_t = 400)]
+    max_requests_inflight: usize,
+    /// Bound on concurrent mutating requests (429 beyond it).
+    #[arg(long, default_value_t = 200)]
+    max_mutating_requests_inflight: usize,
+    /// How often storage history is compacted (Go duration, e.g. 5m, 30s; 0 disables).
+    #[arg(long, default_value = "5m")]
+    etcd_compaction_interval: String,
+    /// Log level or tracing filter (error, warn, info, debug, trace, or e.g. "apiserver=debug").
+    #[arg(short = 'v', long = "log-level", default_value = "info")]
+    log_level: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    let backend = if args.etcd_servers.iter().any(|s| !s.is_empty()) {
+        storage::Backend::Etcd { endpoints: args.etcd_servers.iter().filter(|s| !s.is_empty()).cloned().collect() }
+    } else {
+        std::fs::create_dir_all(&args.data_dir)
+            .with_context(|| format!("cannot create --data-dir {}", args.data_dir.display()))?;
+        storage::Backend::Embedded { path: args.data_dir.join("minik8s.db") }
+    };
+    tracing::info!(?backend, "opening storage");
+    let store = storage::open(&backend).await.context("opening storage")?;
+    let interval = apiserver::parse_go_duration(&args.etcd_compaction_interval)
+        .map_err(|e| anyhow::anyhow!("invalid --etcd-compaction-interval: {e}"))?;
+    let _compactor = (!interval.is_zero()).then(|| storage::spawn_compactor(store.clone(), interval));
+
+    let advertise = if args.bind_address == "0.0.0.0" || args.bind_address == "::" {
+        format!("127.0.0.1:{}", args.port)
+    } else {
+        format!("{}:{}", args.bind_address, args.port)
+    };
+    let opts = apiserver::Options {
+        service_cluster_ip_range: args.service_cluster_ip_range.clone(),
+        service_node_port_range: args.service_node_port_range.clone(),
+        max_requests_inflight: args.max_requests_inflight,
+        max_mutating_requests_inflight: args.max_mutating_requests_inflight,
+        advertise_address: advertise,
+        port: args.port,
+        ..Default::default()
+    };
+    let state = apiserver::build_state(store, &opts)?;
+    // Storage may be briefly unavailable (etcd starting): retry the bootstrap.
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match apiserver::bootstrap(&state, &opts).await {
+            Ok(()) => break,
+            Err(e) if e.code == 503 => {
+                tracing::warn!(error = %e, "storage unavailable during bootstrap; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => anyhow::bail!("bootstrap failed: {e}"),
+        }
+    }
+    let addr: SocketAddr = format!("{}:{}", args.bind_address, args.port)
+        .parse()
+        .with_context(|| format!("invalid --bind-address {:?}", args.bind_address))?;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    tracing::info!(%addr, "serving the Kubernetes API over plain HTTP");
+    axum::serve(listener, apiserver::server::router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("server failed")?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+}

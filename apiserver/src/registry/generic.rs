@@ -1,0 +1,1149 @@
+//! The generic store: create/get/list/update/patch/delete/deletecollection for every kind,
+//! over JSON objects stored at `/registry/<resource>/[<namespace>/]<name>`.
+//!
+//! `metadata.resourceVersion` is never stored: it is set on the way out from the key's
+//! mod revision. Every write is a guarded transaction (compare on mod revision), so a stale
+//! write is a 409 and nothing is half stored.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rand::Rng;
+use serde_json::{json, Value};
+use storage::{KeyValue, Op, Range, Revision, Store, Txn, TxnOutcome};
+
+use super::{set_at, spec_part, str_at};
+use crate::continuetoken::ContinueToken;
+use crate::error::{ApiError, ApiResult, FieldError};
+use crate::ipalloc::{Bitmap, IpRange, PortRange, NODE_PORTS_KEY, SERVICE_IPS_KEY};
+use crate::resources::ResourceDef;
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::validation::validate_object_meta;
+
+/// How unknown fields in a body are treated (`fieldValidation`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FieldValidation {
+    Ignore,
+    #[default]
+    Warn,
+    Strict,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct WriteOptions {
+    pub dry_run: bool,
+    pub field_validation: FieldValidation,
+}
+
+/// A write's result.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub object: Value,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ListOptions {
+    pub label_selector: LabelSelector,
+    pub field_selector: FieldSelector,
+    pub limit: usize,
+    pub continue_token: Option<String>,
+    pub resource_version: Option<String>,
+    pub resource_version_match: Option<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct DeleteOptions {
+    pub dry_run: bool,
+    pub grace_period_seconds: Option<i64>,
+    pub propagation_policy: Option<String>,
+    pub orphan_dependents: Option<bool>,
+    pub precondition_uid: Option<String>,
+    pub precondition_rv: Option<String>,
+}
+
+/// What a guarded update does to the main object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateKind {
+    /// PUT/PATCH of the resource: status is kept from the stored object.
+    Main,
+    /// PUT/PATCH of `/status`: only status changes.
+    Status,
+    /// PUT of `namespaces/<n>/finalize`: only spec.finalizers changes.
+    Finalize,
+    /// A server-side change built from the stored object (binding, scale).
+    Internal,
+}
+
+/// What `try_update` decided.
+pub struct Intent {
+    pub object: Value,
+    /// The client's resourceVersion precondition, if any.
+    pub precondition: Option<Revision>,
+}
+
+/// Why a delete returned what it did.
+pub enum Deleted {
+    /// Gone now; the last state.
+    Now(Value),
+    /// Marked (finalizers or graceful deletion pending); the updated object.
+    Marked(Value),
+}
+
+const MAX_RETRIES: usize = 200;
+
+pub struct Registry {
+    pub store: Arc<dyn Store>,
+    pub ip_range: IpRange,
+    pub port_range: PortRange,
+}
+
+pub fn key_of(res: &ResourceDef, ns: &str, name: &str) -> String {
+    if res.namespaced {
+        format!("/registry/{}/{ns}/{name}", res.storage)
+    } else {
+        format!("/registry/{}/{name}", res.storage)
+    }
+}
+
+/// The key prefix of a list: all namespaces when `ns` is None.
+pub fn prefix_of(res: &ResourceDef, ns: Option<&str>) -> String {
+    match ns {
+        Some(ns) if res.namespaced => format!("/registry/{}/{ns}/", res.storage),
+        _ => format!("/registry/{}/", res.storage),
+    }
+}
+
+/// Decode a stored object and stamp its resourceVersion.
+pub fn decode(kv: &KeyValue) -> ApiResult<Value> {
+    let mut v: Value = serde_json::from_slice(&kv.value)
+        .map_err(|e| ApiError::internal(format!("stored object {} is corrupt: {e}", kv.key)))?;
+    set_at(&mut v, "/metadata/resourceVersion", Value::String(kv.mod_revision.to_string()));
+    Ok(v)
+}
+
+/// Encode for storage: without resourceVersion, selfLink and managedFields.
+pub fn encode(obj: &Value) -> Bytes {
+    let mut v = obj.clone();
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+        m.remove("selfLink");
+        m.remove("managedFields");
+    }
+    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}
+
+pub fn now_rfc3339() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn rfc3339_after(secs: i64) -> String {
+    let ts = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_secs(secs))
+        .unwrap_or_else(|_| jiff::Timestamp::now());
+    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
+    obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn finalizers(obj: &Value) -> Vec<String> {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+fn parse_rv(s: &str) -> ApiResult<Revision> {
+    s.parse::<Revision>()
+        .ok()
+        .filter(|r| *r >= 0)
+        .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {s:?}")))
+}
+
+/// Generated-name suffix alphabet (no vowels, no confusable characters), as Kubernetes.
+const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+fn random_suffix() -> String {
+    let mut rng = rand::rng();
+    (0..5).map(|_| NAME_ALPHABET[rng.random_range(0..NAME_ALPHABET.len())] as char).collect()
+}
+
+/// Fields of `input` that `normalized` lost (unknown to the typed schema), as paths.
+pub fn unknown_fields(input: &Value, normalized: &Value, path: &str, out: &mut Vec<String>) {
+    match (input, normalized) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                match b.get(k) {
+                    None if !v.is_null() => out.push(p),
+                    Some(nv) => unknown_fields(v, nv, &p, out),
+                    None => {}
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                unknown_fields(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Registry {
+    pub fn new(store: Arc<dyn Store>, ip_range: IpRange, port_range: PortRange) -> Self {
+        Registry { store, ip_range, port_range }
+    }
+
+    // ------------------------------------------------------------------ decoding bodies
+
+    /// Check a request body against the URL (kind, apiVersion, namespace) and decode it
+    /// through the typed schema. Returns the normalized object and warnings.
+    pub fn decode_body(
+        &self,
+        res: &ResourceDef,
+        url_ns: Option<&str>,
+        mut body: Value,
+        fv: FieldValidation,
+    ) -> ApiResult<(Value, Vec<String>)> {
+        let Some(map) = body.as_object_mut() else {
+            return Err(ApiError::bad_request(format!(
+                "{} in version \"{}\" cannot be handled as a {}: the body must be a JSON object",
+                res.kind, res.version, res.kind
+            )));
+        };
+        let api_version = res.api_version();
+        match map.get("kind").and_then(Value::as_str) {
+            None | Some("") => {
+                map.insert("kind".into(), res.kind.into());
+            }
+            Some(k) if k != res.kind => {
+                return Err(ApiError::bad_request(format!(
+                    "the kind in the body ({k}) does not match the kind of the resource at this URL ({})",
+                    res.kind
+                )))
+            }
+            _ => {}
+        }
+        match map.get("apiVersion").and_then(Value::as_str) {
+            None | Some("") => {
+                map.insert("apiVersion".into(), api_version.clone().into());
+            }
+            Some(v) if v != api_version => {
+                return Err(ApiError::bad_request(format!(
+                    "the API version in the data ({v}) does not match the expected API version ({api_version})"
+                )))
+            }
+            _ => {}
+        }
+        if let Some(ns) = url_ns.filter(|_| res.namespaced) {
+            let body_ns = body.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+            if !body_ns.is_empty() && body_ns != ns {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+        }
+        let input = body.clone();
+        let normalized = (res.normalize)(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "{} in version \"{}\" cannot be handled as a {}: {e}",
+                res.kind, res.version, res.kind
+            ))
+        })?;
+        let mut unknown = Vec::new();
+        unknown_fields(&input, &normalized, "", &mut unknown);
+        let mut warnings = Vec::new();
+        match fv {
+            FieldValidation::Strict if !unknown.is_empty() => {
+                let list: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
+                return Err(ApiError::bad_request(format!(
+                    "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
+                    res.kind,
+                    res.version,
+                    res.kind,
+                    list.join(", ")
+                )));
+            }
+            FieldValidation::Warn => warnings.extend(unknown.iter().map(|f| format!("unknown field \"{f}\""))),
+            _ => {}
+        }
+        Ok((normalized, warnings))
+    }
+
+    // ------------------------------------------------------------------ reads
+
+    pub async fn get(&self, res: &ResourceDef, ns: &str, name: &str) -> ApiResult<Value> {
+        let key = key_of(res, ns, name);
+        match self.store.get(&key).await?.1 {
+            Some(kv) => decode(&kv),
+            None => Err(ApiError::not_found(res.group, res.plural, name)),
+        }
+    }
+
+    async fn get_kv(&self, res: &ResourceDef, ns: &str, name: &str) -> ApiResult<Option<KeyValue>> {
+        Ok(self.store.get(&key_of(res, ns, name)).await?.1)
+    }
+
+    /// Does `obj` match the selectors? Unsupported fields are rejected earlier by
+    /// [`Registry::check_field_selector`].
+    pub fn matches(res: &ResourceDef, obj: &Value, label: &LabelSelector, field: &FieldSelector) -> bool {
+        label.matches_object(obj)
+            && (field.is_empty()
+                || field.matches(|f| super::common_field_value(obj, f).or_else(|| res.strategy.field_value(obj, f))))
+    }
+
+    pub fn check_field_selector(res: &ResourceDef, field: &FieldSelector) -> ApiResult<()> {
+        let probe = json!({"metadata": {}});
+        for r in &field.requirements {
+            if super::common_field_value(&probe, &r.field).is_none()
+                && res.strategy.field_value(&probe, &r.field).is_none()
+            {
+                return Err(ApiError::bad_request(format!("field label not supported: {}", r.field)));
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn list(&self, res: &ResourceDef, ns: Option<&str>, opts: &ListOptions) -> ApiResult<Value> {
+        Self::check_field_selector(res, &opts.field_selector)?;
+        let prefix = prefix_of(res, ns);
+        let rv = opts.resource_version.as_deref().unwrap_or_default();
+        let invalid = |msg: &str, field: &str| {
+            ApiError::invalid("meta.k8s.io", "ListOptions", "", vec![FieldError::forbidden(field, msg)])
+        };
+        let (mut start, mut revision) = (None, 0);
+        if let Some(token) = opts.continue_token.as_deref().filter(|t| !t.is_empty()) {
+            if !rv.is_empty() && rv != "0" {
+                return Err(invalid(
+                    "specifying resource version is not allowed when using continue",
+                    "resourceVersion",
+                ));
+            }
+            let t = ContinueToken::decode(token).map_err(|m| {
+                ApiError::invalid(
+                    "meta.k8s.io",
+                    "ListOptions",
+                    "",
+                    vec![FieldError::invalid("continue", &json!(token), &m)],
+                )
+            })?;
+            start = Some(format!("{prefix}{}", t.start));
+            revision = t.rv;
+        } else {
+            match opts.resource_version_match.as_deref().unwrap_or_default() {
+                "" => {
+                    if !rv.is_empty() && rv != "0" {
+                        let n = parse_rv(rv)?;
+                        if opts.limit > 0 {
+                            revision = n; // legacy: RV with limit reads exactly at RV
+                        } else {
+                            self.not_older_than(n).await?;
+                        }
+                    }
+                }
+                "Exact" => {
+                    if rv.is_empty() || rv == "0" {
+                        return Err(invalid(
+                            "resourceVersionMatch \"Exact\" is forbidden for resourceVersion \"0\" or unset",
+                            "resourceVersionMatch",
+                        ));
+                    }
+                    revision = parse_rv(rv)?;
+                }
+                "NotOlderThan" => {
+                    if rv.is_empty() {
+                        return Err(invalid(
+                            "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                            "resourceVersionMatch",
+                        ));
+                    }
+                    let n = parse_rv(rv)?;
+                    self.not_older_than(n).await?;
+                }
+                other => {
+                    return Err(ApiError::invalid(
+                        "meta.k8s.io",
+                        "ListOptions",
+                        "",
+                        vec![FieldError::not_supported(
+                            "resourceVersionMatch",
+                            &json!(other),
+                            &["Exact", "NotOlderThan"],
+                        )],
+                    ))
+                }
+            }
+        }
+        let mut items = Vec::new();
+        let mut next: Option<String> = None;
+        let mut read_rev = revision;
+        loop {
+            let batch = if opts.limit > 0 { (opts.limit - items.len()).max(1) } else { 0 };
+            let mut range = Range::prefix(prefix.clone()).at(read_rev).limit(batch);
+            range.start = start.clone();
+            let r = match self.store.range(range).await {
+                Ok(r) => r,
+                Err(storage::Error::Compacted { .. }) if opts.continue_token.is_some() => {
+                    return Err(ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."));
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if read_rev == 0 {
+                read_rev = r.revision;
+            }
+            let n = r.kvs.len();
+            for (i, kv) in r.kvs.iter().enumerate() {
+                let obj = decode(kv)?;
+                if Self::matches(res, &obj, &opts.label_selector, &opts.field_selector) {
+                    items.push(obj);
+                }
+                if opts.limit > 0 && items.len() >= opts.limit {
+                    if i + 1 < n || r.more {
+                        next = Some(format!("{}\u{0}", kv.key));
+                    }
+                    break;
+                }
+            }
+            if next.is_some() || !r.more || opts.limit == 0 || items.len() >= opts.limit {
+                break;
+            }
+            // Filtered out too many: continue after the last key examined.
+            match r.kvs.last() {
+                Some(kv) => start = Some(format!("{}\u{0}", kv.key)),
+                None => break,
+            }
+        }
+        let mut metadata = json!({"resourceVersion": read_rev.to_string()});
+        if let Some(next) = next {
+            let rel = next.strip_prefix(&prefix).unwrap_or(&next).to_string();
+            metadata["continue"] = ContinueToken::new(read_rev, rel).encode().into();
+        }
+        Ok(json!({
+            "kind": res.list_kind(),
+            "apiVersion": res.api_version(),
+            "metadata": metadata,
+            "items": items,
+        }))
+    }
+
+    /// Fail with 504 if `rv` is ahead of the store (as Kubernetes' "Too large resource version").
+    async fn not_older_than(&self, rv: Revision) -> ApiResult<()> {
+        let current = self.store.current_revision().await?;
+        if rv > current {
+            return Err(ApiError::timeout(format!("Too large resource version: {rv}, current: {current}")));
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ namespaces
+
+    /// Objects may be created only in an existing, non-terminating namespace.
+    pub async fn check_namespace(&self, res: &ResourceDef, ns: &str, name: &str) -> ApiResult<()> {
+        if !res.namespaced {
+            return Ok(());
+        }
+        let key = format!("/registry/namespaces/{ns}");
+        let Some(kv) = self.store.get(&key).await?.1 else {
+            return Err(ApiError::not_found("", "namespaces", ns));
+        };
+        let nsobj = decode(&kv)?;
+        let terminating = nsobj.pointer("/metadata/deletionTimestamp").is_some()
+            || str_at(&nsobj, "/status/phase") == Some("Terminating");
+        if terminating {
+            let mut e = ApiError::forbidden(
+                res.group,
+                res.plural,
+                name,
+                &format!("unable to create new content in namespace {ns} because it is being terminated"),
+            );
+            if let Some(d) = e.details.as_mut() {
+                d.causes.push(FieldError {
+                    reason: "NamespaceTerminating",
+                    field: "metadata.namespace".into(),
+                    message: format!("namespace {ns} is being terminated"),
+                });
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ create
+
+    pub async fn create(&self, res: &ResourceDef, ns: &str, body: Value, opts: &WriteOptions) -> ApiResult<Outcome> {
+        let (mut obj, warnings) = self.decode_body(res, Some(ns), body, opts.field_validation)?;
+        let strategy = res.strategy;
+        let name_given = !meta_str(&obj, "name").is_empty();
+        let generate = meta_str(&obj, "generateName").to_string();
+        if !name_given && generate.is_empty() {
+            return Err(ApiError::invalid(
+                res.group,
+                res.kind,
+                "",
+                vec![FieldError::required("metadata.name", "name or generateName is required")],
+            ));
+        }
+        // Server-set metadata.
+        if res.namespaced {
+            set_at(&mut obj, "/metadata/namespace", json!(ns));
+        } else if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("namespace");
+        }
+        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            for f in ["resourceVersion", "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"]
+            {
+                m.remove(f);
+            }
+        }
+        set_at(&mut obj, "/metadata/uid", json!(uuid::Uuid::new_v4().to_string()));
+        set_at(&mut obj, "/metadata/creationTimestamp", json!(now_rfc3339()));
+        if strategy.tracks_generation() {
+            set_at(&mut obj, "/metadata/generation", json!(1));
+        } else if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("generation");
+        }
+        if res.has_status() && !strategy.keep_status_on_create() {
+            if let Some(m) = obj.as_object_mut() {
+                m.remove("status");
+            }
+        }
+        for attempt in 0..MAX_RETRIES {
+            let mut obj = obj.clone();
+            if !name_given {
+                set_at(&mut obj, "/metadata/name", json!(format!("{generate}{}", random_suffix())));
+            }
+            let name = meta_str(&obj, "name").to_string();
+            strategy.prepare_for_create(&mut obj);
+            let mut errs = validate_object_meta(&obj, strategy.name_rule(), res.namespaced);
+            errs.extend(strategy.validate(&obj));
+            if !errs.is_empty() {
+                return Err(ApiError::invalid(res.group, res.kind, &name, errs));
+            }
+            self.check_namespace(res, ns, &name).await?;
+            let key = key_of(res, ns, &name);
+            let (mut compares, mut ops) = (vec![(key.clone(), 0)], vec![]);
+            if strategy.allocates_service_addresses() {
+                let (c, o) = self.allocate_service(res, Some(&mut obj), None).await?;
+                compares.extend(c);
+                ops.extend(o);
+            }
+            if opts.dry_run {
+                if self.store.get(&key).await?.1.is_some() {
+                    return Err(ApiError::already_exists(res.group, res.plural, &name));
+                }
+                return Ok(Outcome { object: obj, warnings });
+            }
+            // The object's write goes last: backends that give each op its own revision
+            // then give the object the transaction's revision.
+            ops.push(Op::Put { key: key.clone(), value: encode(&obj) });
+            match self.store.txn(Txn { compares, ops }).await? {
+                TxnOutcome::Committed { revision, .. } => {
+                    set_at(&mut obj, "/metadata/resourceVersion", json!(revision.to_string()));
+                    return Ok(Outcome { object: obj, warnings });
+                }
+                TxnOutcome::Failed { current, .. } => {
+                    let exists = current.first().is_some_and(Option::is_some);
+                    if exists && name_given {
+                        return Err(ApiError::already_exists(res.group, res.plural, &name));
+                    }
+                    // A generated name collided, or an allocation bitmap moved: retry.
+                    tracing::debug!(attempt, key, "create retry");
+                }
+            }
+        }
+        Err(ApiError::timeout("too many conflicts while creating the object; please retry"))
+    }
+
+    // ------------------------------------------------------------------ update
+
+    /// PUT: replace the object (or its status / finalizers).
+    pub async fn update(
+        &self,
+        res: &ResourceDef,
+        ns: &str,
+        name: &str,
+        body: Value,
+        kind: UpdateKind,
+        opts: &WriteOptions,
+    ) -> ApiResult<(Outcome, bool)> {
+        let (obj, warnings) = self.decode_body(res, Some(ns), body, opts.field_validation)?;
+        let body_name = meta_str(&obj, "name");
+        if body_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        let precondition = match meta_str(&obj, "resourceVersion") {
+            "" => None,
+            rv => Some(parse_rv(rv).map_err(|_| {
+                ApiError::invalid(
+                    res.group,
+                    res.kind,
+                    name,
+                    vec![FieldError::invalid("metadata.resourceVersion", &json!(rv), "must be a non-negative integer")],
+                )
+            })?),
+        };
+        let mut created = false;
+        let out = self
+            .guaranteed_update(res, ns, name, kind, opts, |current| match current {
+                Some(_) => Ok(Some(Intent { object: obj.clone(), precondition })),
+                None => Ok(None),
+            })
+            .await;
+        let out = match out {
+            Err(e)
+                if e.code == 404
+                    && kind == UpdateKind::Main
+                    && res.strategy.allow_create_on_update()
+                    && precondition.is_none() =>
+            {
+                created = true;
+                let mut body = obj.clone();
+                if let Some(m) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("resourceVersion");
+                }
+                self.create(res, ns, body, opts).await
+            }
+            other => other,
+        }?;
+        let mut out = out;
+        out.warnings.splice(0..0, warnings);
+        Ok((out, created))
+    }
+
+    /// Read-modify-write with optimistic concurrency. `try_update` sees the current object
+    /// (with resourceVersion) and returns the desired one, or None when it does not exist
+    /// (→ 404). Retries on conflicts unless the client gave a precondition.
+    pub async fn guaranteed_update<F>(
+        &self,
+        res: &ResourceDef,
+        ns: &str,
+        name: &str,
+        kind: UpdateKind,
+        opts: &WriteOptions,
+        mut try_update: F,
+    ) -> ApiResult<Outcome>
+    where
+        F: FnMut(Option<&Value>) -> ApiResult<Option<Intent>>,
+    {
+        let strategy = res.strategy;
+        let key = key_of(res, ns, name);
+        for _ in 0..MAX_RETRIES {
+            let kv = self.store.get(&key).await?.1;
+            let current = match &kv {
+                Some(kv) => Some(decode(kv)?),
+                None => None,
+            };
+            let Some(intent) = try_update(current.as_ref())? else {
+                return Err(ApiError::not_found(res.group, res.plural, name));
+            };
+            let (Some(kv), Some(old)) = (kv, current) else {
+                return Err(ApiError::not_found(res.group, res.plural, name));
+            };
+            if let Some(p) = intent.precondition {
+                if p != kv.mod_revision {
+                    return Err(ApiError::stale(res.group, res.plural, name));
+                }
+            }
+            let mut new = intent.object;
+            match kind {
+                UpdateKind::Main => {
+                    if res.has_status() {
+                        match old.get("status") {
+                            Some(s) => new["status"] = s.clone(),
+                            None => {
+                                if let Some(m) = new.as_object_mut() {
+                                    m.remove("status");
+                                }
+                            }
+                        }
+                    }
+                    strategy.prepare_for_update(&mut new, &old);
+                }
+                UpdateKind::Status => {
+                    let status = new.get("status").cloned();
+                    new = old.clone();
+                    match status {
+                        Some(s) => new["status"] = s,
+                        None => {
+                            if let Some(m) = new.as_object_mut() {
+                                m.remove("status");
+                            }
+                        }
+                    }
+                }
+                UpdateKind::Finalize => {
+                    let fins = new.pointer("/spec/finalizers").cloned().unwrap_or(json!([]));
+                    new = old.clone();
+                    set_at(&mut new, "/spec/finalizers", fins);
+                }
+                UpdateKind::Internal => {}
+            }
+            // Server-owned metadata comes from the stored object.
+            for f in [
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+            ] {
+                match old.get("metadata").and_then(|m| m.get(f)) {
+                    Some(v) => set_at(&mut new, &format!("/metadata/{f}"), v.clone()),
+                    None => {
+                        if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                            m.remove(f);
+                        }
+                    }
+                }
+            }
+            new["kind"] = json!(res.kind);
+            new["apiVersion"] = json!(res.api_version());
+            if old.pointer("/metadata/deletionTimestamp").is_some() {
+                let old_f = finalizers(&old);
+                let added: Vec<String> = finalizers(&new).into_iter().filter(|f| !old_f.contains(f)).collect();
+                if !added.is_empty() {
+                    return Err(ApiError::invalid(
+                        res.group,
+                        res.kind,
+                        name,
+                        vec![FieldError::forbidden(
+                            "metadata.finalizers",
+                            &format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+                        )],
+                    ));
+                }
+            }
+            if strategy.tracks_generation() && spec_part(&new) != spec_part(&old) {
+                let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+                set_at(&mut new, "/metadata/generation", json!(g + 1));
+            }
+            let mut errs = validate_object_meta(&new, strategy.name_rule(), res.namespaced);
+            match kind {
+                UpdateKind::Main => errs.extend(strategy.validate_update(&new, &old)),
+                UpdateKind::Internal => errs.extend(strategy.validate(&new)),
+                UpdateKind::Status | UpdateKind::Finalize => {}
+            }
+            if !errs.is_empty() {
+                return Err(ApiError::invalid(res.group, res.kind, name, errs));
+            }
+            let (mut compares, mut ops) = (vec![(key.clone(), kv.mod_revision)], vec![]);
+            if strategy.allocates_service_addresses() && kind == UpdateKind::Main {
+                let (c, o) = self.allocate_service(res, Some(&mut new), Some(&old)).await?;
+                compares.extend(c);
+                ops.extend(o);
+            }
+            let new_bytes = encode(&new);
+            if new_bytes == encode(&old) {
+                // No-op: nothing written, the stored version answers.
+                return Ok(Outcome { object: old, warnings: vec![] });
+            }
+            let delete_now = new.pointer("/metadata/deletionTimestamp").is_some()
+                && finalizers(&new).is_empty()
+                && !strategy.deletion_blocked(&new)
+                && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) == 0;
+            if opts.dry_run {
+                return Ok(Outcome { object: new, warnings: vec![] });
+            }
+            if delete_now {
+                if strategy.allocates_service_addresses() {
+                    let (c, o) = self.allocate_service(res, None, Some(&old)).await?;
+                    compares = vec![(key.clone(), kv.mod_revision)];
+                    compares.extend(c);
+                    ops = o;
+                }
+                ops.push(Op::Delete { key: key.clone() });
+            } else {
+                ops.push(Op::Put { key: key.clone(), value: new_bytes });
+            }
+            match self.store.txn(Txn { compares, ops }).await? {
+                TxnOutcome::Committed { revision, .. } => {
+                    set_at(&mut new, "/metadata/resourceVersion", json!(revision.to_string()));
+                    return Ok(Outcome { object: new, warnings: vec![] });
+                }
+                TxnOutcome::Failed { current, .. } => {
+                    let obj_changed =
+                        current.first().is_some_and(|c| c.as_ref().map(|kv| kv.mod_revision) != Some(kv.mod_revision));
+                    if obj_changed && intent.precondition.is_some() {
+                        return Err(ApiError::stale(res.group, res.plural, name));
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+        Err(ApiError::conflict(res.group, res.plural, name, "too many concurrent updates; please retry"))
+    }
+
+    // ------------------------------------------------------------------ patch
+
+    pub async fn patch(
+        &self,
+        res: &ResourceDef,
+        ns: &str,
+        name: &str,
+        ptype: crate::patch::PatchType,
+        body: &[u8],
+        kind: UpdateKind,
+        opts: &WriteOptions,
+    ) -> ApiResult<Outcome> {
+        let mut warnings = Vec::new();
+        let out = self
+            .guaranteed_update(res, ns, name, kind, opts, |current| {
+                let Some(current) = current else { return Ok(None) };
+                let patched = crate::patch::apply(ptype, current, body).map_err(|e| match e {
+                    crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
+                    crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
+                })?;
+                let cur_rv = meta_str(current, "resourceVersion").to_string();
+                let new_rv = meta_str(&patched, "resourceVersion").to_string();
+                // A patch that sets resourceVersion makes it a precondition.
+                let precondition = if new_rv != cur_rv && !new_rv.is_empty() {
+                    Some(parse_rv(&new_rv).map_err(|_| {
+                        ApiError::invalid(
+                            res.group,
+                            res.kind,
+                            name,
+                            vec![FieldError::invalid(
+                                "metadata.resourceVersion",
+                                &json!(new_rv),
+                                "must be a non-negative integer",
+                            )],
+                        )
+                    })?)
+                } else {
+                    None
+                };
+                let (obj, w) = self.decode_body(res, Some(ns), patched, opts.field_validation)?;
+                warnings = w;
+                if meta_str(&obj, "name") != name {
+                    return Err(ApiError::bad_request(format!(
+                        "the name of the object ({}) does not match the name on the URL ({name})",
+                        meta_str(&obj, "name")
+                    )));
+                }
+                Ok(Some(Intent { object: obj, precondition }))
+            })
+            .await?;
+        Ok(Outcome { object: out.object, warnings })
+    }
+
+    // ------------------------------------------------------------------ delete
+
+    pub async fn delete(&self, res: &ResourceDef, ns: &str, name: &str, opts: &DeleteOptions) -> ApiResult<Deleted> {
+        let strategy = res.strategy;
+        let key = key_of(res, ns, name);
+        for _ in 0..MAX_RETRIES {
+            let Some(kv) = self.get_kv(res, ns, name).await? else {
+                return Err(ApiError::not_found(res.group, res.plural, name));
+            };
+            let obj = decode(&kv)?;
+            if let Some(uid) = &opts.precondition_uid {
+                let actual = meta_str(&obj, "uid");
+                if uid != actual {
+                    return Err(ApiError::conflict(
+                        res.group,
+                        res.plural,
+                        name,
+                        &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"),
+                    ));
+                }
+            }
+            if let Some(rv) = &opts.precondition_rv {
+                let actual = kv.mod_revision.to_string();
+                if *rv != actual {
+                    return Err(ApiError::conflict(
+                        res.group,
+                        res.plural,
+                        name,
+                        &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {actual}"),
+                    ));
+                }
+            }
+            let mut new = obj.clone();
+            // Garbage-collection finalizers from the propagation policy.
+            let policy = opts.propagation_policy.clone().or_else(|| match opts.orphan_dependents {
+                Some(true) => Some("Orphan".into()),
+                Some(false) => Some("Background".into()),
+                None => None,
+            });
+            let mut fins = finalizers(&obj);
+            let already_deleting = obj.pointer("/metadata/deletionTimestamp").is_some();
+            if !already_deleting {
+                match policy.as_deref() {
+                    Some("Orphan") => {
+                        fins.retain(|f| f != "foregroundDeletion");
+                        if !fins.iter().any(|f| f == "orphan") {
+                            fins.push("orphan".into());
+                        }
+                    }
+                    Some("Foreground") => {
+                        fins.retain(|f| f != "orphan");
+                        if !fins.iter().any(|f| f == "foregroundDeletion") {
+                            fins.push("foregroundDeletion".into());
+                        }
+                    }
+                    Some("Background") => fins.retain(|f| f != "orphan" && f != "foregroundDeletion"),
+                    Some(other) => {
+                        return Err(ApiError::invalid(
+                            "meta.k8s.io",
+                            "DeleteOptions",
+                            "",
+                            vec![FieldError::not_supported(
+                                "propagationPolicy",
+                                &json!(other),
+                                &["Foreground", "Background", "Orphan"],
+                            )],
+                        ))
+                    }
+                    None => {}
+                }
+            }
+            let grace = strategy.graceful_delete_seconds(&obj, opts.grace_period_seconds).unwrap_or(0);
+            let blocked = strategy.deletion_blocked(&obj);
+            let immediate = fins.is_empty() && !blocked && grace == 0;
+            if !immediate {
+                if already_deleting {
+                    // Only a shorter grace period changes a pending deletion.
+                    let cur = obj.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0);
+                    if grace >= cur {
+                        return Ok(Deleted::Marked(obj));
+                    }
+                    set_at(&mut new, "/metadata/deletionGracePeriodSeconds", json!(grace));
+                    set_at(&mut new, "/metadata/deletionTimestamp", json!(rfc3339_after(grace)));
+                } else {
+                    set_at(&mut new, "/metadata/deletionTimestamp", json!(rfc3339_after(grace)));
+                    set_at(&mut new, "/metadata/deletionGracePeriodSeconds", json!(grace));
+                    if !fins.is_empty() {
+                        set_at(&mut new, "/metadata/finalizers", json!(fins));
+                    }
+                    if strategy.tracks_generation() {
+                        let g = obj.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+                        set_at(&mut new, "/metadata/generation", json!(g + 1));
+                    }
+                    strategy.on_deletion_marked(&mut new);
+                }
+                if opts.dry_run {
+                    return Ok(Deleted::Marked(new));
+                }
+                let txn = Txn {
+                    compares: vec![(key.clone(), kv.mod_revision)],
+                    ops: vec![Op::Put { key: key.clone(), value: encode(&new) }],
+                };
+                match self.store.txn(txn).await? {
+                    TxnOutcome::Committed { revision, .. } => {
+                        set_at(&mut new, "/metadata/resourceVersion", json!(revision.to_string()));
+                        return Ok(Deleted::Marked(new));
+                    }
+                    TxnOutcome::Failed { .. } => continue,
+                }
+            }
+            // Immediate deletion.
+            if opts.dry_run {
+                return Ok(Deleted::Now(obj));
+            }
+            let (mut compares, mut ops) = (vec![(key.clone(), kv.mod_revision)], vec![]);
+            if strategy.allocates_service_addresses() {
+                let (c, o) = self.allocate_service(res, None, Some(&obj)).await?;
+                compares.extend(c);
+                ops.extend(o);
+            }
+            ops.push(Op::Delete { key: key.clone() });
+            match self.store.txn(Txn { compares, ops }).await? {
+                TxnOutcome::Committed { .. } => return Ok(Deleted::Now(obj)),
+                TxnOutcome::Failed { .. } => continue,
+            }
+        }
+        Err(ApiError::conflict(res.group, res.plural, name, "too many concurrent updates; please retry"))
+    }
+
+    /// Delete everything a list with `list_opts` returns; answers the list of what was
+    /// deleted or marked.
+    pub async fn delete_collection(
+        &self,
+        res: &ResourceDef,
+        ns: Option<&str>,
+        list_opts: &ListOptions,
+        opts: &DeleteOptions,
+    ) -> ApiResult<Value> {
+        let list = self.list(res, ns, &ListOptions { limit: 0, continue_token: None, ..list_opts.clone() }).await?;
+        let mut deleted = Vec::new();
+        for item in list["items"].as_array().into_iter().flatten() {
+            let name = meta_str(item, "name");
+            let ns = meta_str(item, "namespace");
+            match self.delete(res, ns, name, opts).await {
+                Ok(Deleted::Now(o)) | Ok(Deleted::Marked(o)) => deleted.push(o),
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(json!({
+            "kind": res.list_kind(),
+            "apiVersion": res.api_version(),
+            "metadata": {"resourceVersion": list["metadata"]["resourceVersion"].clone()},
+            "items": deleted,
+        }))
+    }
+
+    // ------------------------------------------------------------------ service addresses
+
+    /// Compute the allocation changes of a Service create (`new`, None), update (both) or
+    /// delete (None, `old`), filling allocated values into `new`. Returns the compares and
+    /// puts for the bitmaps, to be applied in the same transaction as the Service.
+    pub async fn allocate_service(
+        &self,
+        res: &ResourceDef,
+        mut new: Option<&mut Value>,
+        old: Option<&Value>,
+    ) -> ApiResult<(Vec<(String, Revision)>, Vec<Op>)> {
+        use super::service::{held_ip, held_node_ports, ports_needing_node_port, wants_ip};
+        let name = new.as_deref().or(old).map(|o| meta_str(o, "name").to_string()).unwrap_or_default();
+        let invalid = |field: String, value: Value, msg: String| {
+            ApiError::invalid(res.group, res.kind, &name, vec![FieldError::invalid(field, &value, &msg)])
+        };
+        let mut compares = Vec::new();
+        let mut ops = Vec::new();
+
+        // ---- cluster IP
+        let old_ip = old.and_then(held_ip);
+        let need_random = new.as_deref().is_some_and(wants_ip);
+        let requested_ip = new.as_deref().and_then(held_ip);
+        if need_random || requested_ip != old_ip {
+            let range = &self.ip_range;
+            let (kv, mut bm) = self.read_bitmap(SERVICE_IPS_KEY, &range.text, range.size()).await?;
+            if let Some(ip) = old_ip {
+                if let Some(off) = range.offset(ip) {
+                    bm.set(off, false);
+                }
+            }
+            if let Some(ip) = requested_ip {
+                let shown = json!([ip.to_string()]);
+                let Some(off) = range.offset(ip) else {
+                    return Err(invalid("spec.clusterIPs".into(), shown, format!("failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {}", range.text)));
+                };
+                if bm.get(off) {
+                    return Err(invalid(
+                        "spec.clusterIPs".into(),
+                        shown,
+                        format!("failed to allocate IP {ip}: provided IP is already allocated"),
+                    ));
+                }
+                bm.set(off, true);
+            } else if need_random {
+                // Dynamic allocations prefer the upper part of the range, leaving the lower
+                // band for static IPs (as Kubernetes does).
+                let size = range.size();
+                let lower = (size / 16).clamp(16, 256).min(size / 2);
+                let start = rand::rng().random_range(lower.max(1)..size - 1);
+                let off =
+                    bm.find_free(lower.max(1), size - 1, start).or_else(|| bm.find_free(1, size - 1, 1)).ok_or_else(
+                        || ApiError::internal(format!("failed to allocate a serviceIP: range {} is full", range.text)),
+                    )?;
+                bm.set(off, true);
+                let ip = range.ip_at(off).to_string();
+                if let Some(n) = new.as_deref_mut() {
+                    set_at(n, "/spec/clusterIP", json!(ip));
+                    set_at(n, "/spec/clusterIPs", json!([ip]));
+                }
+            }
+            compares.push((SERVICE_IPS_KEY.to_string(), kv.map_or(0, |kv| kv.mod_revision)));
+            ops.push(Op::Put { key: SERVICE_IPS_KEY.into(), value: bm.encode(&range.text) });
+        }
+        if let Some(n) = new.as_deref_mut() {
+            if let Some(ip) = str_at(n, "/spec/clusterIP").map(String::from) {
+                if n.pointer("/spec/clusterIPs").is_none() && !ip.is_empty() {
+                    set_at(n, "/spec/clusterIPs", json!([ip]));
+                }
+            }
+        }
+
+        // ---- node ports
+        let old_ports: Vec<i64> = old.map(held_node_ports).unwrap_or_default().into_iter().map(|(_, p)| p).collect();
+        let new_held: Vec<(usize, i64)> = new.as_deref().map(held_node_ports).unwrap_or_default();
+        let needing = new.as_deref().map(ports_needing_node_port).unwrap_or_default();
+        let new_ports: Vec<i64> = new_held.iter().map(|(_, p)| *p).collect();
+        let claims: Vec<(usize, i64)> = new_held.iter().copied().filter(|(_, p)| !old_ports.contains(p)).collect();
+        let releases: Vec<i64> = old_ports.iter().copied().filter(|p| !new_ports.contains(p)).collect();
+        if !claims.is_empty() || !releases.is_empty() || !needing.is_empty() {
+            let range = &self.port_range;
+            let text = range.text();
+            let (kv, mut bm) = self.read_bitmap(NODE_PORTS_KEY, &text, range.size()).await?;
+            for p in releases {
+                if let Some(off) = range.offset(p) {
+                    bm.set(off, false);
+                }
+            }
+            for (i, p) in claims {
+                let field = format!("spec.ports[{i}].nodePort");
+                let Some(off) = range.offset(p) else {
+                    return Err(invalid(
+                        field,
+                        json!(p),
+                        format!("provided port is not in the valid range. The range of valid ports is {text}"),
+                    ));
+                };
+                if bm.get(off) {
+                    return Err(invalid(field, json!(p), "provided port is already allocated".into()));
+                }
+                bm.set(off, true);
+            }
+            for i in needing {
+                let start = rand::rng().random_range(0..range.size());
+                let off = bm.find_free(0, range.size(), start).ok_or_else(|| {
+                    invalid(format!("spec.ports[{i}].nodePort"), Value::Null, format!("range {text} is full"))
+                })?;
+                bm.set(off, true);
+                if let Some(n) = new.as_deref_mut() {
+                    set_at(n, &format!("/spec/ports/{i}/nodePort"), json!(range.base as i64 + off as i64));
+                }
+            }
+            compares.push((NODE_PORTS_KEY.to_string(), kv.map_or(0, |kv| kv.mod_revision)));
+            ops.push(Op::Put { key: NODE_PORTS_KEY.into(), value: bm.encode(&text) });
+        }
+        Ok((compares, ops))
+    }
+
+    async fn read_bitmap(&self, key: &str, range: &str, size: usize) -> ApiResult<(Option<KeyValue>, Bitmap)> {
+        let kv = self.store.get(key).await?.1;
+        let bm = match &kv {
+            Some(kv) => Bitmap::decode(&kv.value, range, size).map_err(ApiError::internal)?,
+            None => Bitmap::new(size),
+        };
+        Ok((kv, bm))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_field_paths() {
+        let input = json!({"spec": {"a": 1, "bogus": 2, "list": [{"x": 1, "y": 2}]}, "nullish": null});
+        let norm = json!({"spec": {"a": 1, "list": [{"x": 1}]}});
+        let mut out = Vec::new();
+        unknown_fields(&input, &norm, "", &mut out);
+        assert_eq!(out, vec!["spec.bogus", "spec.list[0].y"]);
+    }
+
+    #[test]
+    fn keys() {
+        let pods = crate::resources::find("", "v1", "pods").unwrap();
+        let nss = crate::resources::find("", "v1", "namespaces").unwrap();
+        assert_eq!(key_of(pods, "default", "x"), "/registry/pods/default/x");
+        assert_eq!(key_of(nss, "", "default"), "/registry/namespaces/default");
+        assert_eq!(prefix_of(pods, Some("default")), "/registry/pods/default/");
+        assert_eq!(prefix_of(pods, None), "/registry/pods/");
+    }
+
+    #[test]
+    fn encode_strips_rv() {
+        let b = encode(&json!({"metadata": {"name": "x", "resourceVersion": "5", "managedFields": []}}));
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v, json!({"metadata": {"name": "x"}}));
+    }
+}

@@ -1,0 +1,852 @@
+//! One small strategy per kind. Larger ones live in their own modules (pod, service,
+//! workloads); this file holds the rest and the statics the resource table points at.
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use super::pod::PodStrategy;
+use super::service::ServiceStrategy;
+use super::workloads::{Workload, WorkloadStrategy};
+use super::{common_field_value, default_at, str_at, Strategy};
+use crate::error::FieldError;
+use crate::validation::{dns1123_subdomain_errors, NameRule};
+
+pub static POD: PodStrategy = PodStrategy;
+pub static SERVICE: ServiceStrategy = ServiceStrategy;
+pub static DEPLOYMENT: WorkloadStrategy = WorkloadStrategy(Workload::Deployment);
+pub static REPLICASET: WorkloadStrategy = WorkloadStrategy(Workload::ReplicaSet);
+pub static STATEFULSET: WorkloadStrategy = WorkloadStrategy(Workload::StatefulSet);
+pub static DAEMONSET: WorkloadStrategy = WorkloadStrategy(Workload::DaemonSet);
+pub static REPLICATIONCONTROLLER: WorkloadStrategy = WorkloadStrategy(Workload::ReplicationController);
+pub static JOB: WorkloadStrategy = WorkloadStrategy(Workload::Job);
+pub static CRONJOB: WorkloadStrategy = WorkloadStrategy(Workload::CronJob);
+
+pub static NAMESPACE: NamespaceStrategy = NamespaceStrategy;
+pub static NODE: NodeStrategy = NodeStrategy;
+pub static ENDPOINTS: Plain = Plain { create_on_update: true, ..Plain::DEFAULT };
+pub static CONFIGMAP: DataStrategy = DataStrategy { secret: false };
+pub static SECRET: DataStrategy = DataStrategy { secret: true };
+pub static SERVICEACCOUNT: Plain = Plain::DEFAULT;
+pub static EVENT: EventStrategy = EventStrategy;
+pub static PV: VolumeStrategy = VolumeStrategy { claim: false };
+pub static PVC: VolumeStrategy = VolumeStrategy { claim: true };
+pub static RESOURCEQUOTA: Plain = Plain { generation: true, ..Plain::DEFAULT };
+pub static LIMITRANGE: Plain = Plain::DEFAULT;
+pub static HPA: HpaStrategy = HpaStrategy;
+pub static ENDPOINTSLICE: EndpointSliceStrategy = EndpointSliceStrategy;
+pub static LEASE: Plain = Plain::DEFAULT;
+pub static STORAGECLASS: StorageClassStrategy = StorageClassStrategy;
+pub static INGRESS: IngressStrategy = IngressStrategy;
+pub static INGRESSCLASS: RequiredFields = RequiredFields {
+    fields: &[("/spec/controller", "spec.controller")],
+    immutable: &[("/spec/controller", "spec.controller")],
+};
+pub static NETWORKPOLICY: NetworkPolicyStrategy = NetworkPolicyStrategy;
+pub static RBAC: Plain = Plain { name_rule: NameRule::PathSegment, ..Plain::DEFAULT };
+pub static RBAC_BINDING: RoleBindingStrategy = RoleBindingStrategy;
+pub static PRIORITYCLASS: PriorityClassStrategy = PriorityClassStrategy;
+
+/// Kinds with nothing special beyond a name rule and a couple of flags.
+pub struct Plain {
+    pub name_rule: NameRule,
+    pub generation: bool,
+    pub create_on_update: bool,
+}
+
+impl Plain {
+    pub const DEFAULT: Plain =
+        Plain { name_rule: NameRule::Dns1123Subdomain, generation: false, create_on_update: false };
+}
+
+impl Strategy for Plain {
+    fn name_rule(&self) -> NameRule {
+        self.name_rule
+    }
+    fn tracks_generation(&self) -> bool {
+        self.generation
+    }
+    fn allow_create_on_update(&self) -> bool {
+        self.create_on_update
+    }
+    fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
+        common_field_value(obj, field)
+    }
+}
+
+/// Kinds whose only rule is some required (and optionally immutable) fields.
+pub struct RequiredFields {
+    pub fields: &'static [(&'static str, &'static str)],
+    pub immutable: &'static [(&'static str, &'static str)],
+}
+
+impl Strategy for RequiredFields {
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        self.fields
+            .iter()
+            .filter(|(p, _)| obj.pointer(p).is_none_or(|v| v.is_null() || v == ""))
+            .map(|(_, f)| FieldError::required(*f, ""))
+            .collect()
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        immutable(new, old, self.immutable, &mut errs);
+        errs
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+    fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
+        common_field_value(obj, field)
+    }
+}
+
+fn immutable(new: &Value, old: &Value, fields: &[(&str, &str)], errs: &mut Vec<FieldError>) {
+    for (p, f) in fields {
+        if new.pointer(p) != old.pointer(p) {
+            errs.push(FieldError::invalid(*f, new.pointer(p).unwrap_or(&Value::Null), "field is immutable"));
+        }
+    }
+}
+
+// ------------------------------------------------------------------------- Namespace
+
+pub struct NamespaceStrategy;
+
+impl Strategy for NamespaceStrategy {
+    fn name_rule(&self) -> NameRule {
+        NameRule::Dns1123Label
+    }
+    fn prepare_for_create(&self, obj: &mut Value) {
+        default_at(obj, "/spec/finalizers", json!(["kubernetes"]));
+        obj["status"] = json!({"phase": "Active"});
+        let name = str_at(obj, "/metadata/name").unwrap_or_default().to_string();
+        super::set_at(obj, "/metadata/labels/kubernetes.io~1metadata.name", json!(name));
+    }
+    fn prepare_for_update(&self, new: &mut Value, old: &Value) {
+        // spec.finalizers changes only through the finalize subresource.
+        match old.pointer("/spec/finalizers") {
+            Some(f) => super::set_at(new, "/spec/finalizers", f.clone()),
+            None => {
+                super::remove_at(new, "/spec/finalizers");
+            }
+        }
+        let name = str_at(old, "/metadata/name").unwrap_or_default().to_string();
+        super::set_at(new, "/metadata/labels/kubernetes.io~1metadata.name", json!(name));
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        for (i, f) in obj.pointer("/spec/finalizers").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let s = f.as_str().unwrap_or_default();
+            if let Some(m) = crate::validation::qualified_name_errors(s) {
+                errs.push(FieldError::invalid(format!("spec.finalizers[{i}]"), f, &m));
+            }
+        }
+        errs
+    }
+    fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
+        match field {
+            "status.phase" => Some(str_at(obj, "/status/phase").unwrap_or_default().to_string()),
+            _ => common_field_value(obj, field),
+        }
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+    fn deletion_blocked(&self, obj: &Value) -> bool {
+        obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty())
+    }
+    fn on_deletion_marked(&self, obj: &mut Value) {
+        super::set_at(obj, "/status/phase", json!("Terminating"));
+    }
+}
+
+// ------------------------------------------------------------------------- Node
+
+pub struct NodeStrategy;
+
+impl Strategy for NodeStrategy {
+    fn keep_status_on_create(&self) -> bool {
+        true
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        for (i, t) in obj.pointer("/spec/taints").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let eff = str_at(t, "/effect").unwrap_or_default();
+            if !["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&eff) {
+                errs.push(FieldError::not_supported(
+                    format!("spec.taints[{i}].effect"),
+                    &json!(eff),
+                    &["NoExecute", "NoSchedule", "PreferNoSchedule"],
+                ));
+            }
+            if str_at(t, "/key").unwrap_or_default().is_empty() {
+                errs.push(FieldError::required(format!("spec.taints[{i}].key"), ""));
+            }
+        }
+        errs
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        // podCIDR may be set once.
+        let old_cidr = str_at(old, "/spec/podCIDR").unwrap_or_default();
+        if !old_cidr.is_empty() && str_at(new, "/spec/podCIDR").unwrap_or_default() != old_cidr {
+            errs.push(FieldError::forbidden(
+                "spec.podCIDRs",
+                "node updates may not change podCIDR except from \"\" to valid",
+            ));
+        }
+        errs
+    }
+    fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
+        match field {
+            "spec.unschedulable" => {
+                Some(obj.pointer("/spec/unschedulable").and_then(Value::as_bool).unwrap_or(false).to_string())
+            }
+            _ => common_field_value(obj, field),
+        }
+    }
+}
+
+// ------------------------------------------------------------------------- ConfigMap / Secret
+
+pub struct DataStrategy {
+    pub secret: bool,
+}
+
+const MAX_DATA_SIZE: usize = 1024 * 1024;
+
+fn config_key_errors(k: &str) -> Option<String> {
+    if k.is_empty() || k.len() > 253 {
+        return Some("a valid config key must be between 1 and 253 characters".into());
+    }
+    if k == "." || k == ".." || !k.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)) {
+        return Some("a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')".into());
+    }
+    None
+}
+
+impl Strategy for DataStrategy {
+    fn prepare_for_create(&self, obj: &mut Value) {
+        if self.secret {
+            fold_string_data(obj);
+            default_at(obj, "/type", json!("Opaque"));
+        }
+    }
+    fn prepare_for_update(&self, new: &mut Value, _old: &Value) {
+        if self.secret {
+            fold_string_data(new);
+            default_at(new, "/type", json!("Opaque"));
+        }
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let mut total = 0usize;
+        let mut keys = std::collections::HashSet::new();
+        for field in ["data", "binaryData"] {
+            for (k, v) in obj.get(field).and_then(Value::as_object).into_iter().flatten() {
+                if let Some(m) = config_key_errors(k) {
+                    errs.push(FieldError::invalid(format!("{field}[{k}]"), &json!(k), &m));
+                }
+                if !keys.insert(k.clone()) {
+                    errs.push(FieldError::invalid(
+                        format!("{field}[{k}]"),
+                        &json!(k),
+                        "duplicate of key present in data",
+                    ));
+                }
+                total += v.as_str().map_or(0, str::len);
+            }
+        }
+        if total > MAX_DATA_SIZE {
+            errs.push(FieldError::too_long(if self.secret { "data" } else { "[]" }, MAX_DATA_SIZE));
+        }
+        if self.secret {
+            let data = obj.get("data").and_then(Value::as_object);
+            let has = |k: &str| data.is_some_and(|d| d.contains_key(k));
+            match str_at(obj, "/type").unwrap_or("Opaque") {
+                "kubernetes.io/tls" => {
+                    for k in ["tls.crt", "tls.key"] {
+                        if !has(k) {
+                            errs.push(FieldError::required(format!("data[{k}]"), ""));
+                        }
+                    }
+                }
+                "kubernetes.io/dockerconfigjson" => {
+                    if !has(".dockerconfigjson") {
+                        errs.push(FieldError::required("data[.dockerconfigjson]", ""));
+                    }
+                }
+                "kubernetes.io/service-account-token" => {
+                    if str_at(obj, "/metadata/annotations/kubernetes.io~1service-account.name")
+                        .unwrap_or_default()
+                        .is_empty()
+                    {
+                        errs.push(FieldError::required("metadata.annotations[kubernetes.io/service-account.name]", ""));
+                    }
+                }
+                "kubernetes.io/basic-auth"
+                | "kubernetes.io/ssh-auth"
+                | "Opaque"
+                | "bootstrap.kubernetes.io/token"
+                | "kubernetes.io/dockercfg" => {}
+                _ => {}
+            }
+        }
+        errs
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        if old.get("immutable").and_then(Value::as_bool) == Some(true) {
+            if new.get("immutable").and_then(Value::as_bool) != Some(true) {
+                errs.push(FieldError::forbidden("immutable", "field is immutable when `immutable` is set"));
+            }
+            for f in ["data", "binaryData"] {
+                if new.get(f) != old.get(f) {
+                    errs.push(FieldError::forbidden(f, "field is immutable when `immutable` is set"));
+                }
+            }
+        }
+        if self.secret && str_at(new, "/type").unwrap_or("Opaque") != str_at(old, "/type").unwrap_or("Opaque") {
+            errs.push(FieldError::invalid("type", new.get("type").unwrap_or(&Value::Null), "field is immutable"));
+        }
+        errs
+    }
+    fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
+        match field {
+            "type" if self.secret => Some(str_at(obj, "/type").unwrap_or_default().to_string()),
+            _ => common_field_value(obj, field),
+        }
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+}
+
+/// `stringData` is write-only: merged into `data` (base64) and dropped, `stringData`
+/// winning on conflicts, as Kubernetes' conversion does.
+pub fn fold_string_data(obj: &mut Value) {
+    let Some(sd) = obj.as_object_mut().and_then(|m| m.remove("stringData")) else { return };
+    let Some(sd) = sd.as_object() else { return };
+    for (k, v) in sd {
+        let raw = v.as_str().unwrap_or_default();
+        let enc = base64::engine::general_purpose::STANDARD.encode(raw.as_bytes());
+        super::set_at(obj, &format!("/data/{}", k.replace('~', "~0").replace('/', "~1")), json!(enc));
+    }
+}
+
+// ------------------------------------------------------------------------- Event
+
+pub struct EventStrategy;
+
+impl Strategy for EventStrategy {
+    fn keep_status_on_create(&self) -> bool {
+        true
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+    fn allow_create_on_update(&self) -> bool {
+        true
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let ns = str_at(obj, "/metadata/namespace").unwrap_or_default();
+        let io_ns = str_at(obj, "/involvedObject/namespace").unwrap_or_default();
+        if !io_ns.is_empty() && io_ns != ns {
+            errs.push(FieldError::invalid("involvedObject.namespace", &json!(io_ns), "does not match event.namespace"));
+        }
+        errs
+    }
+    fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
+        let s = |p: &str| Some(str_at(obj, p).unwrap_or_default().to_string());
+        match field {
+            "involvedObject.kind" => s("/involvedObject/kind"),
+            "involvedObject.namespace" => s("/involvedObject/namespace"),
+            "involvedObject.name" => s("/involvedObject/name"),
+            "involvedObject.uid" => s("/involvedObject/uid"),
+            "involvedObject.apiVersion" => s("/involvedObject/apiVersion"),
+            "involvedObject.resourceVersion" => s("/involvedObject/resourceVersion"),
+            "involvedObject.fieldPath" => s("/involvedObject/fieldPath"),
+            "reason" => s("/reason"),
+            "reportingComponent" => s("/reportingComponent"),
+            "source" => s("/source/component"),
+            "type" => s("/type"),
+            _ => common_field_value(obj, field),
+        }
+    }
+}
+
+// ------------------------------------------------------------------------- PV / PVC
+
+pub struct VolumeStrategy {
+    pub claim: bool,
+}
+
+const ACCESS_MODES: &[&str] = &["ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"];
+const PV_SOURCES: &[&str] = &[
+    "hostPath",
+    "local",
+    "nfs",
+    "csi",
+    "iscsi",
+    "fc",
+    "rbd",
+    "cephfs",
+    "cinder",
+    "flexVolume",
+    "glusterfs",
+    "awsElasticBlockStore",
+    "gcePersistentDisk",
+    "azureDisk",
+    "azureFile",
+    "vsphereVolume",
+    "quobyte",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "scaleIO",
+    "storageos",
+    "flocker",
+];
+
+impl Strategy for VolumeStrategy {
+    fn prepare_for_create(&self, obj: &mut Value) {
+        if self.claim {
+            default_at(obj, "/spec/volumeMode", json!("Filesystem"));
+        } else {
+            default_at(obj, "/spec/persistentVolumeReclaimPolicy", json!("Retain"));
+            default_at(obj, "/spec/volumeMode", json!("Filesystem"));
+        }
+        obj["status"] = json!({"phase": "Pending"});
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let modes = obj.pointer("/spec/accessModes").and_then(Value::as_array);
+        if modes.is_none_or(|m| m.is_empty()) {
+            errs.push(FieldError::required("spec.accessModes", ""));
+        }
+        for (i, m) in modes.into_iter().flatten().enumerate() {
+            let s = m.as_str().unwrap_or_default();
+            if !ACCESS_MODES.contains(&s) {
+                errs.push(FieldError::not_supported(format!("spec.accessModes[{i}]"), m, ACCESS_MODES));
+            }
+        }
+        if self.claim {
+            if obj.pointer("/spec/resources/requests/storage").is_none() {
+                errs.push(FieldError::required("spec.resources[storage]", ""));
+            }
+        } else {
+            if obj.pointer("/spec/capacity/storage").is_none() {
+                errs.push(FieldError::required("spec.capacity", ""));
+            }
+            let spec = obj.get("spec").and_then(Value::as_object);
+            let n = PV_SOURCES.iter().filter(|s| spec.is_some_and(|m| m.contains_key(**s))).count();
+            if n == 0 {
+                errs.push(FieldError::required("spec", "must specify a volume type"));
+            } else if n > 1 {
+                errs.push(FieldError::forbidden("spec", "may not specify more than 1 volume type"));
+            }
+        }
+        errs
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        if self.claim {
+            // Only the storage request (expansion) and the binding (volumeName set once) change.
+            let mask = |v: &Value| {
+                let mut s = v.get("spec").cloned().unwrap_or(Value::Null);
+                if let Some(m) = s.as_object_mut() {
+                    m.remove("resources");
+                    if old.pointer("/spec/volumeName").is_none_or(|v| v == "") {
+                        m.remove("volumeName");
+                    }
+                }
+                s
+            };
+            if mask(new) != mask(old) {
+                errs.push(FieldError::forbidden("spec", "spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims"));
+            }
+        }
+        errs
+    }
+    fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
+        common_field_value(obj, field)
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+}
+
+// ------------------------------------------------------------------------- HPA
+
+pub struct HpaStrategy;
+
+impl Strategy for HpaStrategy {
+    fn name_rule(&self) -> NameRule {
+        NameRule::PathSegment
+    }
+    fn prepare_for_create(&self, obj: &mut Value) {
+        default_at(obj, "/spec/minReplicas", json!(1));
+        obj["status"] = json!({"currentReplicas": 0, "desiredReplicas": 0});
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        for f in ["kind", "name"] {
+            if str_at(obj, &format!("/spec/scaleTargetRef/{f}")).unwrap_or_default().is_empty() {
+                errs.push(FieldError::required(format!("spec.scaleTargetRef.{f}"), ""));
+            }
+        }
+        let max = obj.pointer("/spec/maxReplicas").and_then(Value::as_i64).unwrap_or(0);
+        let min = obj.pointer("/spec/minReplicas").and_then(Value::as_i64).unwrap_or(1);
+        if max < 1 {
+            errs.push(FieldError::invalid("spec.maxReplicas", &json!(max), "must be greater than or equal to 1"));
+        }
+        if min < 1 {
+            errs.push(FieldError::invalid("spec.minReplicas", &json!(min), "must be greater than or equal to 1"));
+        } else if max >= 1 && min > max {
+            errs.push(FieldError::invalid(
+                "spec.maxReplicas",
+                &json!(max),
+                "must be greater than or equal to `minReplicas`",
+            ));
+        }
+        for (i, m) in obj.pointer("/spec/metrics").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let t = str_at(m, "/type").unwrap_or_default();
+            let types = ["ContainerResource", "External", "Object", "Pods", "Resource"];
+            if !types.contains(&t) {
+                errs.push(FieldError::not_supported(format!("spec.metrics[{i}].type"), &json!(t), &types));
+            }
+        }
+        errs
+    }
+}
+
+// ------------------------------------------------------------------------- EndpointSlice
+
+pub struct EndpointSliceStrategy;
+
+impl Strategy for EndpointSliceStrategy {
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let at = str_at(obj, "/addressType").unwrap_or_default();
+        if !["IPv4", "IPv6", "FQDN"].contains(&at) {
+            errs.push(FieldError::not_supported("addressType", &json!(at), &["FQDN", "IPv4", "IPv6"]));
+        }
+        for (i, e) in obj.get("endpoints").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let addrs = e.get("addresses").and_then(Value::as_array);
+            if addrs.is_none_or(|a| a.is_empty()) {
+                errs.push(FieldError::required(format!("endpoints[{i}].addresses"), "must contain at least 1 address"));
+            }
+        }
+        errs
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        immutable(new, old, &[("/addressType", "addressType")], &mut errs);
+        errs
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+}
+
+// ------------------------------------------------------------------------- StorageClass
+
+pub struct StorageClassStrategy;
+
+impl Strategy for StorageClassStrategy {
+    fn prepare_for_create(&self, obj: &mut Value) {
+        default_at(obj, "/reclaimPolicy", json!("Delete"));
+        default_at(obj, "/volumeBindingMode", json!("Immediate"));
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let p = str_at(obj, "/provisioner").unwrap_or_default();
+        if p.is_empty() {
+            errs.push(FieldError::required("provisioner", ""));
+        } else if let Some(m) = crate::validation::qualified_name_errors(p) {
+            errs.push(FieldError::invalid("provisioner", &json!(p), &m));
+        }
+        if let Some(r) = str_at(obj, "/reclaimPolicy") {
+            if !["Delete", "Retain"].contains(&r) {
+                errs.push(FieldError::not_supported("reclaimPolicy", &json!(r), &["Delete", "Retain"]));
+            }
+        }
+        if let Some(m) = str_at(obj, "/volumeBindingMode") {
+            if !["Immediate", "WaitForFirstConsumer"].contains(&m) {
+                errs.push(FieldError::not_supported(
+                    "volumeBindingMode",
+                    &json!(m),
+                    &["Immediate", "WaitForFirstConsumer"],
+                ));
+            }
+        }
+        errs
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        immutable(
+            new,
+            old,
+            &[
+                ("/provisioner", "provisioner"),
+                ("/parameters", "parameters"),
+                ("/reclaimPolicy", "reclaimPolicy"),
+                ("/volumeBindingMode", "volumeBindingMode"),
+            ],
+            &mut errs,
+        );
+        errs
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+}
+
+// ------------------------------------------------------------------------- Ingress
+
+pub struct IngressStrategy;
+
+impl Strategy for IngressStrategy {
+    fn prepare_for_create(&self, obj: &mut Value) {
+        obj["status"] = json!({"loadBalancer": {}});
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let rules = obj.pointer("/spec/rules").and_then(Value::as_array);
+        if obj.pointer("/spec/defaultBackend").is_none() && rules.is_none_or(|r| r.is_empty()) {
+            errs.push(FieldError::invalid(
+                "spec.rules",
+                &json!([]),
+                "either `defaultBackend` or `rules` must be specified",
+            ));
+        }
+        for (i, r) in rules.into_iter().flatten().enumerate() {
+            if let Some(h) = str_at(r, "/host") {
+                let probe = h.strip_prefix("*.").unwrap_or(h);
+                if let Some(m) = dns1123_subdomain_errors(probe) {
+                    errs.push(FieldError::invalid(format!("spec.rules[{i}].host"), &json!(h), &m));
+                }
+            }
+            for (j, p) in r.pointer("/http/paths").and_then(Value::as_array).into_iter().flatten().enumerate() {
+                let path = format!("spec.rules[{i}].http.paths[{j}]");
+                match str_at(p, "/pathType") {
+                    None => errs.push(FieldError::required(format!("{path}.pathType"), "pathType must be specified")),
+                    Some(t) if !["Exact", "Prefix", "ImplementationSpecific"].contains(&t) => {
+                        errs.push(FieldError::not_supported(
+                            format!("{path}.pathType"),
+                            &json!(t),
+                            &["Exact", "ImplementationSpecific", "Prefix"],
+                        ))
+                    }
+                    Some(t) => {
+                        let pth = str_at(p, "/path").unwrap_or_default();
+                        if t != "ImplementationSpecific" && !pth.starts_with('/') {
+                            errs.push(FieldError::invalid(
+                                format!("{path}.path"),
+                                &json!(pth),
+                                "must be an absolute path",
+                            ));
+                        }
+                    }
+                }
+                let svc = p.pointer("/backend/service");
+                let res = p.pointer("/backend/resource");
+                match (svc, res) {
+                    (None, None) => errs.push(FieldError::invalid(
+                        format!("{path}.backend"),
+                        &json!({}),
+                        "one backend must be specified",
+                    )),
+                    (Some(_), Some(_)) => errs.push(FieldError::invalid(
+                        format!("{path}.backend"),
+                        &json!({}),
+                        "cannot set both resource and service backends",
+                    )),
+                    (Some(s), None) => {
+                        if str_at(s, "/name").unwrap_or_default().is_empty() {
+                            errs.push(FieldError::required(format!("{path}.backend.service.name"), ""));
+                        }
+                        let has_num = s.pointer("/port/number").is_some();
+                        let has_name = s.pointer("/port/name").is_some();
+                        if has_num == has_name {
+                            errs.push(FieldError::required(
+                                format!("{path}.backend.service.port"),
+                                "port name or number is required",
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        errs
+    }
+}
+
+// ------------------------------------------------------------------------- NetworkPolicy
+
+pub struct NetworkPolicyStrategy;
+
+impl Strategy for NetworkPolicyStrategy {
+    fn prepare_for_create(&self, obj: &mut Value) {
+        // policyTypes defaults to Ingress, plus Egress when egress rules are present.
+        if obj.pointer("/spec/policyTypes").is_none() {
+            let mut types = vec![json!("Ingress")];
+            if obj.pointer("/spec/egress").is_some() {
+                types.push(json!("Egress"));
+            }
+            super::set_at(obj, "/spec/policyTypes", Value::Array(types));
+        }
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        if obj.pointer("/spec/podSelector").is_none() {
+            errs.push(FieldError::required("spec.podSelector", ""));
+        }
+        for (i, t) in obj.pointer("/spec/policyTypes").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            if !["Ingress", "Egress"].contains(&t.as_str().unwrap_or_default()) {
+                errs.push(FieldError::not_supported(format!("spec.policyTypes[{i}]"), t, &["Egress", "Ingress"]));
+            }
+        }
+        errs
+    }
+}
+
+// ------------------------------------------------------------------------- RBAC bindings
+
+pub struct RoleBindingStrategy;
+
+impl Strategy for RoleBindingStrategy {
+    fn name_rule(&self) -> NameRule {
+        NameRule::PathSegment
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let kind = str_at(obj, "/roleRef/kind").unwrap_or_default();
+        if !["Role", "ClusterRole"].contains(&kind) {
+            errs.push(FieldError::not_supported("roleRef.kind", &json!(kind), &["ClusterRole", "Role"]));
+        }
+        if str_at(obj, "/roleRef/name").unwrap_or_default().is_empty() {
+            errs.push(FieldError::required("roleRef.name", ""));
+        }
+        for (i, s) in obj.get("subjects").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let k = str_at(s, "/kind").unwrap_or_default();
+            if !["ServiceAccount", "User", "Group"].contains(&k) {
+                errs.push(FieldError::not_supported(
+                    format!("subjects[{i}].kind"),
+                    &json!(k),
+                    &["Group", "ServiceAccount", "User"],
+                ));
+            }
+            if str_at(s, "/name").unwrap_or_default().is_empty() {
+                errs.push(FieldError::required(format!("subjects[{i}].name"), ""));
+            }
+        }
+        errs
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        if new.get("roleRef") != old.get("roleRef") {
+            errs.push(FieldError::invalid(
+                "roleRef",
+                new.get("roleRef").unwrap_or(&Value::Null),
+                "cannot change roleRef",
+            ));
+        }
+        errs
+    }
+}
+
+// ------------------------------------------------------------------------- PriorityClass
+
+pub struct PriorityClassStrategy;
+
+impl Strategy for PriorityClassStrategy {
+    fn prepare_for_create(&self, obj: &mut Value) {
+        default_at(obj, "/preemptionPolicy", json!("PreemptLowerPriority"));
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let name = str_at(obj, "/metadata/name").unwrap_or_default();
+        if name.starts_with("system-") && !["system-node-critical", "system-cluster-critical"].contains(&name) {
+            errs.push(FieldError::forbidden(
+                "metadata.name",
+                "priority class names with 'system-' prefix are reserved",
+            ));
+        }
+        match obj.get("value").and_then(Value::as_i64) {
+            None => errs.push(FieldError::required("value", "")),
+            Some(v) if v > 1_000_000_000 && !name.starts_with("system-") => {
+                errs.push(FieldError::invalid("value", &json!(v), "must be less than or equal to 1000000000"))
+            }
+            _ => {}
+        }
+        errs
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        immutable(new, old, &[("/value", "value"), ("/preemptionPolicy", "preemptionPolicy")], &mut errs);
+        errs
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_string_data_folds() {
+        let mut s = json!({"metadata": {"name": "creds"}, "stringData": {"password": "s3cr3t"}, "data": {"a": "YQ=="}});
+        SECRET.prepare_for_create(&mut s);
+        assert!(s.get("stringData").is_none());
+        assert_eq!(s["data"]["password"], "czNjcjN0");
+        assert_eq!(s["data"]["a"], "YQ==");
+        assert_eq!(s["type"], "Opaque");
+    }
+
+    #[test]
+    fn configmap_keys() {
+        let cm = json!({"data": {"ok.key": "v", "bad/key": "v"}});
+        let errs = CONFIGMAP.validate(&cm);
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].field, "data[bad/key]");
+    }
+
+    #[test]
+    fn namespace_defaults() {
+        let mut ns = json!({"metadata": {"name": "demo"}});
+        NAMESPACE.prepare_for_create(&mut ns);
+        assert_eq!(ns["spec"]["finalizers"], json!(["kubernetes"]));
+        assert_eq!(ns["status"]["phase"], "Active");
+        assert_eq!(ns["metadata"]["labels"]["kubernetes.io/metadata.name"], "demo");
+        assert!(NAMESPACE.deletion_blocked(&ns));
+    }
+
+    #[test]
+    fn pv_and_pvc() {
+        let pv = json!({"spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "hostPath": {"path": "/x"}}});
+        assert!(PV.validate(&pv).is_empty());
+        let bad = json!({"spec": {"accessModes": ["Bogus"]}});
+        assert_eq!(PV.validate(&bad).len(), 3);
+        let pvc = json!({"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}});
+        assert!(PVC.validate(&pvc).is_empty());
+    }
+
+    #[test]
+    fn ingress_rules() {
+        let ing = json!({"spec": {"rules": [{"host": "myservice.com", "http": {"paths": [
+            {"path": "/web", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}});
+        assert!(INGRESS.validate(&ing).is_empty());
+        let bad = json!({"spec": {"rules": [{"http": {"paths": [{"path": "/web", "backend": {}}]}}]}});
+        assert_eq!(INGRESS.validate(&bad).len(), 2);
+    }
+}

@@ -1,0 +1,352 @@
+//! Services: defaults, validation, and the pure part of address allocation (which IPs and
+//! ports a create/update needs and which it frees). The generic store applies the result to
+//! the bitmaps in storage.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+
+use serde_json::{json, Value};
+
+use super::{common_field_value, default_at, str_at, Strategy};
+use crate::error::FieldError;
+use crate::validation::NameRule;
+
+pub struct ServiceStrategy;
+
+const TYPES: &[&str] = &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"];
+
+pub fn service_type(obj: &Value) -> &str {
+    str_at(obj, "/spec/type").unwrap_or("ClusterIP")
+}
+
+fn uses_node_ports(obj: &Value) -> bool {
+    matches!(service_type(obj), "NodePort" | "LoadBalancer")
+}
+
+impl Strategy for ServiceStrategy {
+    fn name_rule(&self) -> NameRule {
+        NameRule::Dns1035Label
+    }
+    fn prepare_for_create(&self, obj: &mut Value) {
+        default_at(obj, "/spec/type", json!("ClusterIP"));
+        default_at(obj, "/spec/sessionAffinity", json!("None"));
+        if service_type(obj) != "ExternalName" {
+            default_at(obj, "/spec/ipFamilies", json!(["IPv4"]));
+            default_at(obj, "/spec/ipFamilyPolicy", json!("SingleStack"));
+            default_at(obj, "/spec/internalTrafficPolicy", json!("Cluster"));
+        }
+        if uses_node_ports(obj) {
+            default_at(obj, "/spec/externalTrafficPolicy", json!("Cluster"));
+        }
+        if let Some(ports) = obj.pointer_mut("/spec/ports").and_then(Value::as_array_mut) {
+            for p in ports {
+                default_at(p, "/protocol", json!("TCP"));
+                if p.get("targetPort").is_none_or(Value::is_null) {
+                    if let Some(port) = p.get("port").cloned() {
+                        p["targetPort"] = port;
+                    }
+                }
+            }
+        }
+        // clusterIPs mirrors clusterIP.
+        if let Some(ip) = str_at(obj, "/spec/clusterIP").map(String::from).filter(|s| !s.is_empty()) {
+            default_at(obj, "/spec/clusterIPs", json!([ip]));
+        } else if let Some(first) = obj.pointer("/spec/clusterIPs/0").and_then(Value::as_str).map(String::from) {
+            super::set_at(obj, "/spec/clusterIP", json!(first));
+        }
+        obj["status"] = json!({"loadBalancer": {}});
+    }
+
+    fn prepare_for_update(&self, new: &mut Value, old: &Value) {
+        // Allocated values carry over when the client leaves them empty (kubectl replace).
+        if service_type(new) != "ExternalName" && service_type(old) != "ExternalName" {
+            for f in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy", "internalTrafficPolicy"] {
+                let empty =
+                    new.pointer(&format!("/spec/{f}")).is_none_or(|v| v.is_null() || v == "" || v == &json!([]));
+                if empty {
+                    if let Some(v) = old.pointer(&format!("/spec/{f}")).cloned() {
+                        super::set_at(new, &format!("/spec/{f}"), v);
+                    }
+                }
+            }
+        }
+        let old_ports: Vec<Value> = old.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default();
+        let keep_node_ports = uses_node_ports(new);
+        let type_changed_away = uses_node_ports(old) && !uses_node_ports(new);
+        if let Some(ports) = new.pointer_mut("/spec/ports").and_then(Value::as_array_mut) {
+            for p in ports.iter_mut() {
+                default_at(p, "/protocol", json!("TCP"));
+                if p.get("targetPort").is_none_or(Value::is_null) {
+                    if let Some(port) = p.get("port").cloned() {
+                        p["targetPort"] = port;
+                    }
+                }
+                let same =
+                    old_ports.iter().find(|o| o.get("port") == p.get("port") && o.get("protocol") == p.get("protocol"));
+                if keep_node_ports && p.get("nodePort").is_none_or(Value::is_null) {
+                    if let Some(np) = same.and_then(|o| o.get("nodePort")).cloned() {
+                        p["nodePort"] = np;
+                    }
+                }
+                // Changing type away from NodePort/LoadBalancer drops the old node ports.
+                if type_changed_away
+                    && p.get("nodePort").is_some()
+                    && p.get("nodePort") == same.and_then(|o| o.get("nodePort"))
+                {
+                    if let Some(m) = p.as_object_mut() {
+                        m.remove("nodePort");
+                    }
+                }
+            }
+        }
+        if uses_node_ports(new) {
+            default_at(new, "/spec/externalTrafficPolicy", json!("Cluster"));
+        }
+        default_at(new, "/spec/sessionAffinity", json!("None"));
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let ty = service_type(obj);
+        if !TYPES.contains(&ty) {
+            errs.push(FieldError::not_supported("spec.type", &json!(ty), TYPES));
+            return errs;
+        }
+        let cluster_ip = str_at(obj, "/spec/clusterIP").unwrap_or_default();
+        let headless = cluster_ip == "None";
+        let ports = obj.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default();
+        if ty == "ExternalName" {
+            let en = str_at(obj, "/spec/externalName").unwrap_or_default();
+            if en.is_empty() {
+                errs.push(FieldError::required("spec.externalName", ""));
+            }
+        } else if ports.is_empty() && !headless {
+            errs.push(FieldError::required("spec.ports", ""));
+        }
+        if !cluster_ip.is_empty() && !headless && cluster_ip.parse::<Ipv4Addr>().is_err() {
+            errs.push(FieldError::invalid(
+                "spec.clusterIPs[0]",
+                &json!(cluster_ip),
+                "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)",
+            ));
+        }
+        if headless && uses_node_ports(obj) {
+            errs.push(FieldError::invalid(
+                "spec.clusterIPs[0]",
+                &json!("None"),
+                "may not be set to 'None' for LoadBalancer or NodePort services",
+            ));
+        }
+        let mut names = BTreeSet::new();
+        let mut seen = BTreeSet::new();
+        for (i, p) in ports.iter().enumerate() {
+            let path = format!("spec.ports[{i}]");
+            let name = str_at(p, "/name").unwrap_or_default();
+            if ports.len() > 1 && name.is_empty() {
+                errs.push(FieldError::required(format!("{path}.name"), ""));
+            }
+            if !name.is_empty() {
+                if let Some(m) = crate::validation::dns1123_label_errors(name) {
+                    errs.push(FieldError::invalid(format!("{path}.name"), &json!(name), &m));
+                }
+                if !names.insert(name.to_string()) {
+                    errs.push(FieldError::duplicate(format!("{path}.name"), &json!(name)));
+                }
+            }
+            let port = p.get("port").and_then(Value::as_i64);
+            match port {
+                Some(n) if (1..=65535).contains(&n) => {}
+                Some(n) => errs.push(FieldError::invalid(
+                    format!("{path}.port"),
+                    &json!(n),
+                    "must be between 1 and 65535, inclusive",
+                )),
+                None => errs.push(FieldError::required(format!("{path}.port"), "")),
+            }
+            let proto = str_at(p, "/protocol").unwrap_or("TCP");
+            if !["TCP", "UDP", "SCTP"].contains(&proto) {
+                errs.push(FieldError::not_supported(
+                    format!("{path}.protocol"),
+                    &json!(proto),
+                    &["SCTP", "TCP", "UDP"],
+                ));
+            }
+            if !seen.insert((port, proto.to_string())) {
+                errs.push(FieldError::duplicate(format!("{path}"), &json!({"port": port, "protocol": proto})));
+            }
+            if let Some(np) = p.get("nodePort").and_then(Value::as_i64) {
+                if !uses_node_ports(obj) {
+                    errs.push(FieldError::forbidden(
+                        format!("{path}.nodePort"),
+                        &format!("may not be used when `type` is '{ty}'"),
+                    ));
+                } else if !(1..=65535).contains(&np) {
+                    errs.push(FieldError::invalid(
+                        format!("{path}.nodePort"),
+                        &json!(np),
+                        "must be between 1 and 65535, inclusive",
+                    ));
+                }
+            }
+            match p.get("targetPort") {
+                Some(Value::Number(n)) if !(1..=65535).contains(&n.as_i64().unwrap_or(0)) => {
+                    errs.push(FieldError::invalid(
+                        format!("{path}.targetPort"),
+                        &Value::Number(n.clone()),
+                        "must be between 1 and 65535, inclusive",
+                    ))
+                }
+                Some(Value::String(s)) if crate::validation::dns1123_label_errors(s).is_some() || s.len() > 15 => errs
+                    .push(FieldError::invalid(
+                        format!("{path}.targetPort"),
+                        &json!(s),
+                        "must contain at most 15 characters and be a valid IANA service name",
+                    )),
+                _ => {}
+            }
+        }
+        if let Some(sa) = str_at(obj, "/spec/sessionAffinity") {
+            if !["None", "ClientIP"].contains(&sa) {
+                errs.push(FieldError::not_supported("spec.sessionAffinity", &json!(sa), &["ClientIP", "None"]));
+            }
+        }
+        if let Some(sel) = obj.pointer("/spec/selector").and_then(Value::as_object) {
+            for (k, v) in sel {
+                if let Some(m) = crate::validation::qualified_name_errors(k) {
+                    errs.push(FieldError::invalid("spec.selector", &json!(k), &m));
+                }
+                if let Some(m) = v.as_str().and_then(crate::validation::label_value_errors) {
+                    errs.push(FieldError::invalid("spec.selector", v, &m));
+                }
+            }
+        }
+        errs
+    }
+
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        let external = service_type(new) == "ExternalName" || service_type(old) == "ExternalName";
+        if !external && new.pointer("/spec/clusterIP") != old.pointer("/spec/clusterIP") {
+            errs.push(FieldError::invalid(
+                "spec.clusterIPs[0]",
+                new.pointer("/spec/clusterIP").unwrap_or(&Value::Null),
+                "may not change once set",
+            ));
+        }
+        errs
+    }
+
+    fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
+        match field {
+            "spec.clusterIP" => Some(str_at(obj, "/spec/clusterIP").unwrap_or_default().to_string()),
+            "spec.type" => Some(service_type(obj).to_string()),
+            _ => common_field_value(obj, field),
+        }
+    }
+
+    fn tracks_generation(&self) -> bool {
+        true
+    }
+    fn allow_create_on_update(&self) -> bool {
+        true
+    }
+    fn allocates_service_addresses(&self) -> bool {
+        true
+    }
+}
+
+/// The cluster IP a Service holds (None for headless / ExternalName / unset).
+pub fn held_ip(obj: &Value) -> Option<Ipv4Addr> {
+    if service_type(obj) == "ExternalName" {
+        return None;
+    }
+    str_at(obj, "/spec/clusterIP").and_then(|s| s.parse().ok())
+}
+
+/// Whether the Service wants an IP allocated (clusterIP empty, not headless).
+pub fn wants_ip(obj: &Value) -> bool {
+    service_type(obj) != "ExternalName" && str_at(obj, "/spec/clusterIP").unwrap_or_default().is_empty()
+}
+
+/// The node ports a Service holds, with the index of the port entry.
+pub fn held_node_ports(obj: &Value) -> Vec<(usize, i64)> {
+    if !uses_node_ports(obj) {
+        return vec![];
+    }
+    obj.pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .map(|ps| {
+            ps.iter()
+                .enumerate()
+                .filter_map(|(i, p)| p.get("nodePort").and_then(Value::as_i64).map(|n| (i, n)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Indexes of port entries that need a node port allocated.
+pub fn ports_needing_node_port(obj: &Value) -> Vec<usize> {
+    if !uses_node_ports(obj) {
+        return vec![];
+    }
+    obj.pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .map(|ps| {
+            ps.iter()
+                .enumerate()
+                .filter(|(_, p)| p.get("nodePort").is_none_or(Value::is_null))
+                .map(|(i, _)| i)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(ty: &str) -> Value {
+        json!({"metadata": {"name": "web"}, "spec": {"type": ty, "selector": {"app": "web"},
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}]}})
+    }
+
+    #[test]
+    fn defaults() {
+        let mut s = json!({"spec": {"ports": [{"port": 80}]}});
+        ServiceStrategy.prepare_for_create(&mut s);
+        assert_eq!(s["spec"]["type"], "ClusterIP");
+        assert_eq!(s["spec"]["ports"][0]["targetPort"], 80);
+        assert_eq!(s["spec"]["ports"][0]["protocol"], "TCP");
+        assert_eq!(s["spec"]["sessionAffinity"], "None");
+        assert!(wants_ip(&s));
+    }
+
+    #[test]
+    fn validation() {
+        assert!(ServiceStrategy.validate(&svc("NodePort")).is_empty());
+        let e = ServiceStrategy.validate(&svc("ClusterIP"));
+        assert_eq!(e[0].field, "spec.ports[0].nodePort");
+        let e = ServiceStrategy.validate(&svc("Bogus"));
+        assert_eq!(e[0].reason, "FieldValueNotSupported");
+        let e = ServiceStrategy.validate(&json!({"spec": {"type": "ClusterIP"}}));
+        assert_eq!(e[0].field, "spec.ports");
+        assert_eq!(ServiceStrategy.name_rule().check("1abc").is_some(), true);
+    }
+
+    #[test]
+    fn update_keeps_allocations() {
+        let mut old = svc("NodePort");
+        old["spec"]["clusterIP"] = json!("10.96.0.5");
+        old["spec"]["ports"][0]["protocol"] = json!("TCP");
+        let mut new = svc("NodePort");
+        new["spec"]["ports"][0].as_object_mut().unwrap().remove("nodePort");
+        ServiceStrategy.prepare_for_update(&mut new, &old);
+        assert_eq!(new["spec"]["clusterIP"], "10.96.0.5");
+        assert_eq!(new["spec"]["ports"][0]["nodePort"], 30080);
+        let mut to_cluster = old.clone();
+        to_cluster["spec"]["type"] = json!("ClusterIP");
+        ServiceStrategy.prepare_for_update(&mut to_cluster, &old);
+        assert!(to_cluster["spec"]["ports"][0].get("nodePort").is_none());
+        assert_eq!(held_node_ports(&old), vec![(0, 30080)]);
+    }
+}

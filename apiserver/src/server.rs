@@ -1,0 +1,953 @@
+//! The HTTP layer: one router for discovery and every resource path, a thin shell over the
+//! registry and the watch cache.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::error::{ApiError, ApiResult, FieldError};
+use crate::metrics::{GaugeGuard, Metrics};
+use crate::patch::PatchType;
+use crate::registry::generic::{
+    key_of, prefix_of, DeleteOptions, Deleted, FieldValidation, Intent, ListOptions, Registry, UpdateKind, WriteOptions,
+};
+use crate::requestinfo::{self, ResourcePath, Target};
+use crate::resources::{self, ResourceDef, Sub};
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::watch::{self, Filter, Subscription, WatchCaches, WatchTiming};
+
+/// Kubernetes' request body limit.
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+pub struct AppState {
+    pub registry: Arc<Registry>,
+    pub caches: Arc<WatchCaches>,
+    pub metrics: Arc<Metrics>,
+    pub readonly: Arc<Semaphore>,
+    pub mutating: Arc<Semaphore>,
+    pub server_address: String,
+    pub timing: WatchTiming,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/livez", get(livez))
+        .route("/readyz", get(healthz))
+        .route("/version", get(version))
+        .route("/metrics", get(metrics))
+        .fallback(dispatch)
+        .with_state(state)
+}
+
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+    match state.registry.store.current_revision().await {
+        Ok(_) => (StatusCode::OK, "ok").into_response(),
+        Err(e) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("[-]storage failed: {e}\nhealthz check failed")).into_response()
+        }
+    }
+}
+
+async fn livez() -> &'static str {
+    "ok"
+}
+
+async fn version() -> Response {
+    json_response(StatusCode::OK, &version_info(), &[])
+}
+
+pub fn version_info() -> Value {
+    json!({
+        "major": "1",
+        "minor": "37",
+        "gitVersion": "v1.37.0-minik8s",
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "1970-01-01T00:00:00Z",
+        "goVersion": concat!("rust (minik8s ", env!("CARGO_PKG_VERSION"), ")"),
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, match std::env::consts::ARCH { "x86_64" => "amd64", "aarch64" => "arm64", a => a }),
+    })
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let mut r = state.metrics.render().into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    r
+}
+
+fn json_response(code: StatusCode, v: &Value, warnings: &[String]) -> Response {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    let mut r = (code, body).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    for w in warnings {
+        let text = format!("299 - {}", serde_json::to_string(w).unwrap_or_default());
+        if let Ok(h) = HeaderValue::from_str(&text) {
+            r.headers_mut().append(header::WARNING, h);
+        }
+    }
+    r
+}
+
+fn not_found_path() -> ApiError {
+    ApiError::not_found_message("the server could not find the requested resource")
+}
+
+/// Labels for metrics: (verb, group, resource, subresource).
+fn metric_labels(
+    method: &Method,
+    target: &Option<Target>,
+    query: &HashMap<String, String>,
+) -> (String, String, String, String) {
+    match target {
+        Some(Target::Resource(rp)) => {
+            let watch = query.get("watch").is_some_and(|v| v == "true" || v == "1");
+            (
+                requestinfo::verb(method, rp, watch).to_uppercase(),
+                rp.group.clone(),
+                rp.resource.clone(),
+                rp.subresource.clone().unwrap_or_default(),
+            )
+        }
+        Some(_) => (method.as_str().to_string(), String::new(), "discovery".into(), String::new()),
+        None => (method.as_str().to_string(), String::new(), String::new(), String::new()),
+    }
+}
+
+async fn dispatch(State(state): State<Arc<AppState>>, req: Request) -> Response {
+    let start = Instant::now();
+    let (parts, body) = req.into_parts();
+    let query: HashMap<String, String> = parts.uri.query().map(|q| form_urlencoded_pairs(q)).unwrap_or_default();
+    let target = requestinfo::parse(parts.uri.path());
+    let (verb, group, resource, sub) = metric_labels(&parts.method, &target, &query);
+    let resp = match route(&state, &parts.method, &parts.headers, &query, target, body).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.code >= 500 {
+                tracing::warn!(method = %parts.method, path = parts.uri.path(), code = e.code, message = e.message, "request failed");
+            } else {
+                tracing::debug!(method = %parts.method, path = parts.uri.path(), code = e.code, message = e.message, "request rejected");
+            }
+            e.into_response()
+        }
+    };
+    let code = resp.status().as_u16().to_string();
+    state.metrics.requests.with_label_values(&[&verb, &group, &resource, &sub, &code]).inc();
+    state.metrics.latency.with_label_values(&[&verb, &group, &resource, &sub]).observe(start.elapsed().as_secs_f64());
+    resp
+}
+
+fn form_urlencoded_pairs(q: &str) -> HashMap<String, String> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn route(
+    state: &Arc<AppState>,
+    method: &Method,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+    target: Option<Target>,
+    body: Body,
+) -> ApiResult<Response> {
+    let is_get = *method == Method::GET || *method == Method::HEAD;
+    let discovery = |v: Option<Value>| -> ApiResult<Response> {
+        if !is_get {
+            return Err(ApiError::method_not_allowed(
+                "the server does not allow this method on the requested resource",
+            ));
+        }
+        v.map(|v| json_response(StatusCode::OK, &v, &[])).ok_or_else(not_found_path)
+    };
+    match target {
+        None => Err(not_found_path()),
+        Some(Target::CoreVersions) => discovery(Some(resources::api_versions(&state.server_address))),
+        Some(Target::Groups) => discovery(Some(resources::api_group_list())),
+        Some(Target::Group(g)) => discovery(resources::api_group(&g)),
+        Some(Target::ResourceList { group, version }) => discovery(resources::api_resource_list(&group, &version)),
+        Some(Target::Resource(rp)) => resource_request(state, method, headers, query, rp, body).await,
+    }
+}
+
+// ------------------------------------------------------------------ query parsing
+
+fn q_bool(query: &HashMap<String, String>, k: &str) -> ApiResult<Option<bool>> {
+    match query.get(k).map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some("true") | Some("1") => Ok(Some(true)),
+        Some("false") | Some("0") => Ok(Some(false)),
+        Some(other) => Err(ApiError::bad_request(format!("invalid value for {k}: {other:?}"))),
+    }
+}
+
+fn q_i64(query: &HashMap<String, String>, k: &str) -> ApiResult<Option<i64>> {
+    match query.get(k).map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(v) => v
+            .parse::<i64>()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request(format!("invalid value for {k}: {v:?}: must be an integer"))),
+    }
+}
+
+fn write_options(query: &HashMap<String, String>) -> ApiResult<WriteOptions> {
+    let dry_run = match query.get("dryRun").map(String::as_str) {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "meta.k8s.io",
+                "CreateOptions",
+                "",
+                vec![FieldError::not_supported("dryRun", &json!(other), &["All"])],
+            ))
+        }
+    };
+    let field_validation = match query.get("fieldValidation").map(String::as_str) {
+        None | Some("") | Some("Warn") => FieldValidation::Warn,
+        Some("Ignore") => FieldValidation::Ignore,
+        Some("Strict") => FieldValidation::Strict,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "fieldValidation parameter unsupported: {other:?}, must be one of Ignore, Warn, Strict"
+            )))
+        }
+    };
+    Ok(WriteOptions { dry_run, field_validation })
+}
+
+fn list_options(query: &HashMap<String, String>) -> ApiResult<ListOptions> {
+    let label_selector = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or_default())
+        .map_err(|e| {
+            ApiError::bad_request(format!(
+                "unable to parse requirement: {}",
+                e.0.trim_start_matches("unable to parse requirement: ")
+            ))
+        })?;
+    let field_selector = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or_default())
+        .map_err(|e| ApiError::bad_request(e.0))?;
+    let limit = match q_i64(query, "limit")? {
+        Some(n) if n > 0 => n as usize,
+        _ => 0,
+    };
+    Ok(ListOptions {
+        label_selector,
+        field_selector,
+        limit,
+        continue_token: query.get("continue").filter(|c| !c.is_empty()).cloned(),
+        resource_version: query.get("resourceVersion").cloned(),
+        resource_version_match: query.get("resourceVersionMatch").filter(|c| !c.is_empty()).cloned(),
+    })
+}
+
+/// Read a request body, refusing more than [`MAX_BODY_BYTES`].
+async fn read_body(headers: &HeaderMap, body: Body) -> ApiResult<Bytes> {
+    if let Some(len) =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok())
+    {
+        if len > MAX_BODY_BYTES {
+            return Err(ApiError::too_large(MAX_BODY_BYTES));
+        }
+    }
+    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| {
+        let msg = e.to_string();
+        if msg.contains("length limit") || msg.contains("too large") {
+            ApiError::too_large(MAX_BODY_BYTES)
+        } else {
+            ApiError::bad_request(format!("error reading the request body: {msg}"))
+        }
+    })
+}
+
+fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.split(';').next().unwrap_or_default().trim().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+/// Decode a create/update body (JSON or YAML).
+fn decode_object(headers: &HeaderMap, bytes: &[u8]) -> ApiResult<Value> {
+    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(ApiError::bad_request("the request body is empty; an object is required"));
+    }
+    match content_type(headers).as_str() {
+        "" | "application/json" | "*/*" => serde_json::from_slice(bytes)
+            .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}"))),
+        "application/yaml" | "application/x-yaml" | "text/yaml" => {
+            let v: Value = serde_yaml::from_slice(bytes)
+                .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as YAML: {e}")))?;
+            Ok(v)
+        }
+        other => Err(ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format ({other}) - accepted media types include: application/json, application/yaml"
+        ))),
+    }
+}
+
+fn wants_table(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.split(',').next().is_some_and(|first| first.contains("as=Table")))
+}
+
+// ------------------------------------------------------------------ resources
+
+async fn resource_request(
+    state: &Arc<AppState>,
+    method: &Method,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+    rp: ResourcePath,
+    body: Body,
+) -> ApiResult<Response> {
+    let Some(res) = resources::find(&rp.group, &rp.version, &rp.resource) else {
+        return Err(not_found_path());
+    };
+    if !res.namespaced && rp.namespace.is_some() {
+        return Err(not_found_path());
+    }
+    if res.namespaced && rp.namespace.is_none() && rp.name.is_some() {
+        return Err(not_found_path());
+    }
+    let sub = match &rp.subresource {
+        Some(s) => Some(res.has_sub(s).ok_or_else(not_found_path)?),
+        None => None,
+    };
+    let watch_param = q_bool(query, "watch")?.unwrap_or(false);
+    let verb = requestinfo::verb(method, &rp, watch_param);
+    let not_allowed =
+        || ApiError::method_not_allowed("the server does not allow this method on the requested resource");
+
+    // Bound in-flight requests (watches are long-running and not counted).
+    let _permit = if verb == "watch" {
+        None
+    } else {
+        let (sem, kind) =
+            if matches!(verb, "get" | "list") { (&state.readonly, "readOnly") } else { (&state.mutating, "mutating") };
+        let permit = sem.clone().try_acquire_owned().map_err(|_| ApiError::too_many_requests())?;
+        Some((permit, GaugeGuard::new(state.metrics.inflight.with_label_values(&[kind]))))
+    };
+
+    let ns = rp.namespace.clone().unwrap_or_default();
+    let name = rp.name.clone().unwrap_or_default();
+    let reg = &state.registry;
+    let table = wants_table(headers);
+
+    match (verb, sub) {
+        // ---- main resource
+        ("get", None) => {
+            let obj = reg.get(res, &ns, &name).await?;
+            Ok(respond_object(StatusCode::OK, res, obj, table, query, &[]))
+        }
+        ("list", None) => {
+            let list = reg.list(res, rp.namespace.as_deref(), &list_options(query)?).await?;
+            if table {
+                return Ok(json_response(StatusCode::OK, &crate::table::to_table(res, &list, query), &[]));
+            }
+            Ok(json_response(StatusCode::OK, &list, &[]))
+        }
+        ("watch", None) => {
+            let mut opts = list_options(query)?;
+            if rp.name.is_some() {
+                opts.field_selector.requirements.push(crate::selectors::FieldRequirement {
+                    field: "metadata.name".into(),
+                    value: name.clone(),
+                    negate: false,
+                });
+            }
+            serve_watch(state, res, rp.namespace.clone(), opts, query).await
+        }
+        ("create", None) => {
+            if rp.name.is_some() || (res.namespaced && rp.namespace.is_none()) {
+                return Err(not_allowed());
+            }
+            let bytes = read_body(headers, body).await?;
+            let obj = decode_object(headers, &bytes)?;
+            let opts = write_options(query)?;
+            let out = reg.create(res, &ns, obj, &opts).await?;
+            Ok(respond_object(StatusCode::CREATED, res, out.object, table, query, &out.warnings))
+        }
+        ("update", None) | ("update", Some(Sub::Status)) | ("update", Some(Sub::Finalize)) => {
+            if rp.name.is_none() {
+                return Err(not_allowed());
+            }
+            let bytes = read_body(headers, body).await?;
+            let obj = decode_object(headers, &bytes)?;
+            let opts = write_options(query)?;
+            let kind = match sub {
+                Some(Sub::Status) => UpdateKind::Status,
+                Some(Sub::Finalize) => UpdateKind::Finalize,
+                _ => UpdateKind::Main,
+            };
+            let (out, created) = reg.update(res, &ns, &name, obj, kind, &opts).await?;
+            let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+            Ok(respond_object(code, res, out.object, table, query, &out.warnings))
+        }
+        ("patch", None) | ("patch", Some(Sub::Status)) => {
+            if rp.name.is_none() {
+                return Err(not_allowed());
+            }
+            let ptype = patch_type(headers)?;
+            let bytes = read_body(headers, body).await?;
+            let opts = write_options(query)?;
+            let kind = if sub == Some(Sub::Status) { UpdateKind::Status } else { UpdateKind::Main };
+            let out = reg.patch(res, &ns, &name, ptype, &bytes, kind, &opts).await?;
+            Ok(respond_object(StatusCode::OK, res, out.object, table, query, &out.warnings))
+        }
+        ("delete", None) => {
+            let bytes = read_body(headers, body).await?;
+            let opts = delete_options(query, &bytes)?;
+            match reg.delete(res, &ns, &name, &opts).await? {
+                Deleted::Now(obj) if !res.strategy.return_deleted_object() => {
+                    let uid = obj.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
+                    Ok(json_response(StatusCode::OK, &success_status(res, &name, uid), &[]))
+                }
+                Deleted::Now(obj) | Deleted::Marked(obj) => {
+                    let code =
+                        if opts.orphan_dependents == Some(false) { StatusCode::ACCEPTED } else { StatusCode::OK };
+                    Ok(respond_object(code, res, obj, false, query, &[]))
+                }
+            }
+        }
+        ("deletecollection", None) => {
+            if res.namespaced && rp.namespace.is_none() {
+                // Kubernetes allows it cluster-wide too; keep it for explicit namespaces only.
+            }
+            let bytes = read_body(headers, body).await?;
+            let opts = delete_options(query, &bytes)?;
+            let list = reg.delete_collection(res, rp.namespace.as_deref(), &list_options(query)?, &opts).await?;
+            Ok(json_response(StatusCode::OK, &list, &[]))
+        }
+        // ---- status
+        ("get", Some(Sub::Status)) => {
+            let obj = reg.get(res, &ns, &name).await?;
+            Ok(respond_object(StatusCode::OK, res, obj, table, query, &[]))
+        }
+        // ---- scale
+        ("get", Some(Sub::Scale)) => {
+            let obj = reg.get(res, &ns, &name).await?;
+            Ok(json_response(StatusCode::OK, &scale_of(res, &obj)?, &[]))
+        }
+        ("update", Some(Sub::Scale)) | ("patch", Some(Sub::Scale)) => {
+            let ptype = if verb == "patch" { Some(patch_type(headers)?) } else { None };
+            let bytes = read_body(headers, body).await?;
+            let opts = write_options(query)?;
+            let body_scale = match ptype {
+                None => Some(decode_object(headers, &bytes)?),
+                Some(_) => None,
+            };
+            let out = reg
+                .guaranteed_update(res, &ns, &name, UpdateKind::Internal, &opts, |current| {
+                    let Some(current) = current else { return Ok(None) };
+                    let cur_scale = scale_of(res, current)?;
+                    let desired = match (&body_scale, ptype) {
+                        (Some(b), _) => b.clone(),
+                        (None, Some(pt)) => crate::patch::apply(pt, &cur_scale, &bytes).map_err(|e| match e {
+                            crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
+                            crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
+                        })?,
+                        (None, None) => cur_scale.clone(),
+                    };
+                    let (replicas, precondition) = check_scale(&desired, &cur_scale, &name)?;
+                    let mut new = current.clone();
+                    crate::registry::set_at(&mut new, "/spec/replicas", json!(replicas));
+                    Ok(Some(Intent { object: new, precondition }))
+                })
+                .await?;
+            Ok(json_response(StatusCode::OK, &scale_of(res, &out.object)?, &[]))
+        }
+        // ---- pods/binding
+        ("create", Some(Sub::Binding)) => {
+            let bytes = read_body(headers, body).await?;
+            let binding = decode_object(headers, &bytes)?;
+            bind_pod(state, res, &ns, &name, &binding, &write_options(query)?).await?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+                &[],
+            ))
+        }
+        // ---- pods/eviction
+        ("create", Some(Sub::Eviction)) => {
+            let bytes = read_body(headers, body).await?;
+            let eviction = decode_object(headers, &bytes)?;
+            let body_name = eviction.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+            if !body_name.is_empty() && body_name != name {
+                return Err(ApiError::bad_request(format!("name in URL does not match name in Eviction object")));
+            }
+            let del = eviction.get("deleteOptions").cloned().unwrap_or(json!({}));
+            let opts = delete_options(query, &serde_json::to_vec(&del).unwrap_or_default())?;
+            // TODO: PodDisruptionBudgets (policy/v1) are not served yet, so nothing blocks an eviction.
+            reg.delete(res, &ns, &name, &opts).await?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+                &[],
+            ))
+        }
+        (_, Some(Sub::NotYetServed(what, needs))) => {
+            Err(ApiError::not_found_message(format!("{}/{what} is not served yet (it needs {needs})", res.plural)))
+        }
+        _ => Err(not_allowed()),
+    }
+}
+
+fn patch_type(headers: &HeaderMap) -> ApiResult<PatchType> {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    match PatchType::from_content_type(ct) {
+        Some(PatchType::Apply) => Err(ApiError::unsupported_media_type(
+            "server-side apply (application/apply-patch+yaml) is not supported yet - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+        )),
+        Some(p) => Ok(p),
+        None => Err(ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format ({ct}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
+        ))),
+    }
+}
+
+fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> ApiResult<DeleteOptions> {
+    let mut opts = DeleteOptions {
+        dry_run: matches!(query.get("dryRun").map(String::as_str), Some("All")),
+        grace_period_seconds: q_i64(query, "gracePeriodSeconds")?,
+        propagation_policy: query.get("propagationPolicy").filter(|s| !s.is_empty()).cloned(),
+        orphan_dependents: q_bool(query, "orphanDependents")?,
+        ..Default::default()
+    };
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the DeleteOptions body could not be decoded: {e}")))?;
+        if let Some(g) = v.get("gracePeriodSeconds").and_then(Value::as_i64) {
+            opts.grace_period_seconds = Some(g);
+        }
+        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+            opts.propagation_policy = Some(p.to_string());
+        }
+        if let Some(o) = v.get("orphanDependents").and_then(Value::as_bool) {
+            opts.orphan_dependents = Some(o);
+        }
+        if let Some(uid) = v.pointer("/preconditions/uid").and_then(Value::as_str) {
+            opts.precondition_uid = Some(uid.to_string());
+        }
+        if let Some(rv) = v.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
+            opts.precondition_rv = Some(rv.to_string());
+        }
+        if let Some(dr) = v.get("dryRun").and_then(Value::as_array) {
+            opts.dry_run = dr.iter().any(|x| x == "All");
+        }
+    }
+    if opts.grace_period_seconds.is_some_and(|g| g < 0) {
+        opts.grace_period_seconds = Some(0);
+    }
+    Ok(opts)
+}
+
+fn success_status(res: &ResourceDef, name: &str, uid: Value) -> Value {
+    let mut details = json!({"name": name, "kind": res.plural, "uid": uid});
+    if !res.group.is_empty() {
+        details["group"] = json!(res.group);
+    }
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})
+}
+
+fn respond_object(
+    code: StatusCode,
+    res: &ResourceDef,
+    obj: Value,
+    table: bool,
+    query: &HashMap<String, String>,
+    warnings: &[String],
+) -> Response {
+    if table {
+        let list = json!({"metadata": {"resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)}, "items": [obj]});
+        return json_response(code, &crate::table::to_table(res, &list, query), warnings);
+    }
+    json_response(code, &obj, warnings)
+}
+
+// ------------------------------------------------------------------ scale
+
+fn scale_of(res: &ResourceDef, obj: &Value) -> ApiResult<Value> {
+    let info = res.strategy.scale_info(obj).ok_or_else(not_found_path)?;
+    let meta = obj.get("metadata").cloned().unwrap_or(json!({}));
+    let mut m = json!({});
+    for f in ["name", "namespace", "uid", "resourceVersion", "creationTimestamp"] {
+        if let Some(v) = meta.get(f) {
+            m[f] = v.clone();
+        }
+    }
+    Ok(json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": m,
+        "spec": {"replicas": info.spec_replicas},
+        "status": {"replicas": info.status_replicas, "selector": info.selector},
+    }))
+}
+
+/// Validate a desired Scale: returns spec.replicas and the resourceVersion precondition.
+fn check_scale(desired: &Value, current: &Value, name: &str) -> ApiResult<(i64, Option<i64>)> {
+    let kind = desired.get("kind").and_then(Value::as_str).unwrap_or("Scale");
+    if kind != "Scale" {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the body ({kind}) does not match the expected kind (Scale)"
+        )));
+    }
+    let body_name = desired.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(name);
+    if body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    let replicas = match desired.pointer("/spec/replicas") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v.as_i64().ok_or_else(|| ApiError::bad_request("Scale.spec.replicas must be an integer"))?,
+    };
+    if replicas < 0 || replicas > i32::MAX as i64 {
+        return Err(ApiError::invalid(
+            "autoscaling",
+            "Scale",
+            name,
+            vec![FieldError::invalid("spec.replicas", &json!(replicas), "must be greater than or equal to 0")],
+        ));
+    }
+    let cur_rv = current.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default();
+    let precondition = match desired.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+        Some(rv) if !rv.is_empty() && rv != cur_rv => {
+            Some(rv.parse::<i64>().map_err(|_| ApiError::bad_request("invalid resourceVersion"))?)
+        }
+        Some(rv) if !rv.is_empty() => rv.parse::<i64>().ok(),
+        _ => None,
+    };
+    Ok((replicas, precondition))
+}
+
+// ------------------------------------------------------------------ binding
+
+async fn bind_pod(
+    state: &Arc<AppState>,
+    res: &ResourceDef,
+    ns: &str,
+    name: &str,
+    binding: &Value,
+    opts: &WriteOptions,
+) -> ApiResult<()> {
+    let kind = binding.get("kind").and_then(Value::as_str).unwrap_or("Binding");
+    if kind != "Binding" {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the body ({kind}) does not match the expected kind (Binding)"
+        )));
+    }
+    let body_name = binding.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(name);
+    if body_name != name {
+        return Err(ApiError::bad_request("name in URL does not match name in Binding object"));
+    }
+    let target = binding.pointer("/target/name").and_then(Value::as_str).unwrap_or_default().to_string();
+    if target.is_empty() {
+        return Err(ApiError::invalid("", "Binding", name, vec![FieldError::required("target.name", "")]));
+    }
+    let target_kind = binding.pointer("/target/kind").and_then(Value::as_str).unwrap_or("Node");
+    if !target_kind.is_empty() && target_kind != "Node" {
+        return Err(ApiError::invalid(
+            "",
+            "Binding",
+            name,
+            vec![FieldError::not_supported("target.kind", &json!(target_kind), &["Node"])],
+        ));
+    }
+    let uid_pre = binding.pointer("/metadata/uid").and_then(Value::as_str).map(String::from);
+    let annotations = binding.pointer("/metadata/annotations").and_then(Value::as_object).cloned();
+    state
+        .registry
+        .guaranteed_update(res, ns, name, UpdateKind::Internal, opts, |current| {
+            let Some(current) = current else { return Ok(None) };
+            if let Some(uid) = &uid_pre {
+                if current.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
+                    return Err(ApiError::conflict("", "pods/binding", name, &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", current.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default())));
+                }
+            }
+            if current.pointer("/metadata/deletionTimestamp").is_some() {
+                return Err(ApiError::conflict("", "pods/binding", name, &format!("pod {name} is being deleted, cannot be assigned to a host")));
+            }
+            let node = current.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or_default();
+            if !node.is_empty() {
+                return Err(ApiError::conflict("", "pods/binding", name, &format!("pod {name} is already assigned to node \"{node}\"")));
+            }
+            let mut new = current.clone();
+            crate::registry::set_at(&mut new, "/spec/nodeName", json!(target));
+            if let Some(ann) = &annotations {
+                for (k, v) in ann {
+                    crate::registry::set_at(&mut new, &format!("/metadata/annotations/{}", k.replace('~', "~0").replace('/', "~1")), v.clone());
+                }
+            }
+            // PodScheduled=True, as the binding REST does.
+            let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": crate::registry::generic::now_rfc3339()});
+            let conds = new.pointer_mut("/status/conditions").and_then(Value::as_array_mut);
+            match conds {
+                Some(list) => {
+                    list.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
+                    list.push(cond);
+                }
+                None => crate::registry::set_at(&mut new, "/status/conditions", json!([cond])),
+            }
+            Ok(Some(Intent { object: new, precondition: None }))
+        })
+        .await?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------ watch
+
+async fn serve_watch(
+    state: &Arc<AppState>,
+    res: &'static ResourceDef,
+    ns: Option<String>,
+    opts: ListOptions,
+    query: &HashMap<String, String>,
+) -> ApiResult<Response> {
+    Registry::check_field_selector(res, &opts.field_selector)?;
+    let bookmarks = q_bool(query, "allowWatchBookmarks")?.unwrap_or(false);
+    let send_initial = q_bool(query, "sendInitialEvents")?;
+    let rv = opts.resource_version.clone().unwrap_or_default();
+    let rvm = opts.resource_version_match.clone();
+    let list_invalid = |f: FieldError| ApiError::invalid("meta.k8s.io", "ListOptions", "", vec![f]);
+    match (send_initial, rvm.as_deref()) {
+        (Some(_), Some("NotOlderThan")) => {}
+        (Some(_), _) => {
+            return Err(list_invalid(FieldError::forbidden(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            )))
+        }
+        (None, Some(_)) => {
+            return Err(list_invalid(FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            )))
+        }
+        (None, None) => {}
+    }
+    if send_initial == Some(true) && !bookmarks {
+        return Err(list_invalid(FieldError::required(
+            "allowWatchBookmarks",
+            "sendInitialEvents requires setting allowWatchBookmarks to true",
+        )));
+    }
+    let timeout = match q_i64(query, "timeoutSeconds")? {
+        Some(t) if t > 0 => Duration::from_secs(t as u64),
+        _ => Duration::from_secs(1800 + rand::random::<u64>() % 1800),
+    };
+    let key_prefix = prefix_of(res, ns.as_deref());
+    let cache = state.caches.get(&prefix_of(res, None)).await?;
+
+    // Where the stream starts, and the initial events.
+    let rv_num = if rv.is_empty() || rv == "0" {
+        None
+    } else {
+        Some(rv.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?)
+    };
+    let wants_initial = match send_initial {
+        Some(b) => b,
+        None => rv_num.is_none(),
+    };
+    let mut initial: Vec<Bytes> = Vec::new();
+    let after = if wants_initial {
+        if let Some(n) = rv_num {
+            let current = state.registry.store.current_revision().await?;
+            if n > current {
+                return Err(ApiError::timeout(format!("Too large resource version: {n}, current: {current}")));
+            }
+        }
+        let list = state
+            .registry
+            .list(
+                res,
+                ns.as_deref(),
+                &ListOptions {
+                    limit: 0,
+                    continue_token: None,
+                    resource_version: None,
+                    resource_version_match: None,
+                    ..opts.clone()
+                },
+            )
+            .await?;
+        for item in list["items"].as_array().into_iter().flatten() {
+            initial.push(watch::event_line("ADDED", &serde_json::to_vec(item).unwrap_or_default()));
+        }
+        list.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|s| s.parse().ok()).unwrap_or(0)
+    } else {
+        match rv_num {
+            Some(n) => n,
+            None => state.registry.store.current_revision().await?,
+        }
+    };
+    let end_bookmark = send_initial == Some(true);
+
+    let label = opts.label_selector.clone();
+    let field = opts.field_selector.clone();
+    let filter = Filter {
+        key_prefix: key_prefix.clone(),
+        matches: Box::new(move |o: &Value| Registry::matches(res, o, &label, &field)),
+    };
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::convert::Infallible>>(256);
+    let guard = GaugeGuard::new(state.metrics.watchers.with_label_values(&[res.group, res.plural]));
+    let store = state.registry.store.clone();
+    let timing = state.timing;
+    let api_version = res.api_version();
+    tokio::spawn(async move {
+        let _guard = guard;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let send = |b: Bytes| {
+            let tx = tx.clone();
+            async move { tx.send(Ok(b)).await.is_ok() }
+        };
+        for line in initial {
+            if !send(line).await {
+                return;
+            }
+        }
+        let mut last = after;
+        if end_bookmark && !send(watch::bookmark_line(&api_version, res.kind, last, true)).await {
+            return;
+        }
+        let mut ticker =
+            tokio::time::interval_at(tokio::time::Instant::now() + timing.bookmark_interval, timing.bookmark_interval);
+        match cache.subscribe(after) {
+            Subscription::Cache { backlog, mut rx } => {
+                for ev in backlog {
+                    last = last.max(ev.revision);
+                    if let Some(t) = watch::event_type(&ev, &filter) {
+                        if !send(watch::event_line(t, &ev.object_json)).await {
+                            return;
+                        }
+                    }
+                }
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => break,
+                        _ = tx.closed() => return,
+                        _ = ticker.tick(), if bookmarks => {
+                            if !send(watch::bookmark_line(&api_version, res.kind, last, false)).await { return; }
+                        }
+                        r = rx.recv() => match r {
+                            Ok(ev) => {
+                                if ev.revision <= after { continue; }
+                                last = last.max(ev.revision);
+                                if let Some(t) = watch::event_type(&ev, &filter) {
+                                    if !send(watch::event_line(t, &ev.object_json)).await { return; }
+                                }
+                            }
+                            // Too slow, or the cache was reset: end the stream; the client
+                            // re-watches from its last resourceVersion.
+                            Err(_) => return,
+                        }
+                    }
+                }
+            }
+            Subscription::TooOld => {
+                // Older than the cache: follow storage directly from `after`.
+                let mut stream = match store.watch(&filter.key_prefix, after).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = send(watch::error_line(&watch_error(e, after))).await;
+                        return;
+                    }
+                };
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => break,
+                        _ = tx.closed() => return,
+                        _ = ticker.tick(), if bookmarks => {
+                            if !send(watch::bookmark_line(&api_version, res.kind, last, false)).await { return; }
+                        }
+                        item = stream.next() => match item {
+                            Some(Ok(sev)) => {
+                                let ev = match watch::CachedEvent::from_storage(&sev) {
+                                    Ok(ev) => ev,
+                                    Err(e) => { let _ = send(watch::error_line(&e)).await; return; }
+                                };
+                                last = last.max(ev.revision);
+                                if let Some(t) = watch::event_type(&ev, &filter) {
+                                    if !send(watch::event_line(t, &ev.object_json)).await { return; }
+                                }
+                            }
+                            Some(Err(e)) => {
+                                let _ = send(watch::error_line(&watch_error(e, after))).await;
+                                return;
+                            }
+                            None => return,
+                        }
+                    }
+                }
+            }
+        }
+        if bookmarks {
+            let _ = send(watch::bookmark_line(&api_version, res.kind, last, false)).await;
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    Ok(resp)
+}
+
+/// The error event for a failed storage watch; a compaction is reported with the
+/// resourceVersion the client asked for, as Kubernetes does.
+fn watch_error(e: storage::Error, requested: i64) -> ApiError {
+    match e {
+        storage::Error::Compacted { compacted, .. } => {
+            ApiError::gone(format!("too old resource version: {requested} ({})", compacted + 1))
+        }
+        other => other.into(),
+    }
+}
+
+/// Key of an object, exposed for the bootstrap.
+pub fn object_key(res: &ResourceDef, ns: &str, name: &str) -> String {
+    key_of(res, ns, name)
+}

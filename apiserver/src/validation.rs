@@ -1,0 +1,271 @@
+//! Kubernetes' name and metadata validation rules, as pure functions.
+//!
+//! Each `*_errors` function returns `None` when the value is valid, otherwise the message
+//! Kubernetes gives (without the field path, which the caller adds).
+
+use serde_json::Value;
+
+use crate::error::FieldError;
+
+pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
+pub const DNS1123_LABEL_MAX: usize = 63;
+
+fn is_alnum_lower(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
+fn is_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && is_alnum_lower(b[0])
+        && is_alnum_lower(b[b.len() - 1])
+        && b.iter().all(|&c| is_alnum_lower(c) || c == b'-')
+}
+
+/// RFC 1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
+pub fn dns1123_label_errors(s: &str) -> Option<String> {
+    if s.len() > DNS1123_LABEL_MAX {
+        return Some(format!("must be no more than {DNS1123_LABEL_MAX} characters"));
+    }
+    if !is_label(s) {
+        return Some("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')".into());
+    }
+    None
+}
+
+/// RFC 1123 subdomain: dot-separated labels, at most 253 characters.
+pub fn dns1123_subdomain_errors(s: &str) -> Option<String> {
+    if s.len() > DNS1123_SUBDOMAIN_MAX {
+        return Some(format!("must be no more than {DNS1123_SUBDOMAIN_MAX} characters"));
+    }
+    if s.is_empty() || !s.split('.').all(is_label) {
+        return Some("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".into());
+    }
+    None
+}
+
+/// RFC 1035 label: `[a-z]([-a-z0-9]*[a-z0-9])?`, at most 63 characters (Service names).
+pub fn dns1035_label_errors(s: &str) -> Option<String> {
+    if s.len() > DNS1123_LABEL_MAX {
+        return Some(format!("must be no more than {DNS1123_LABEL_MAX} characters"));
+    }
+    if !is_label(s) || !s.as_bytes()[0].is_ascii_lowercase() {
+        return Some("a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')".into());
+    }
+    None
+}
+
+/// Names that are valid path segments (RBAC objects, HPAs): not `.`/`..`, no `/` or `%`.
+pub fn path_segment_errors(s: &str) -> Option<String> {
+    if s == "." || s == ".." {
+        return Some(format!("may not be '{s}'"));
+    }
+    for bad in ["/", "%"] {
+        if s.contains(bad) {
+            return Some(format!("may not contain '{bad}'"));
+        }
+    }
+    None
+}
+
+fn is_qualified_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.')
+}
+
+/// Qualified name (label and annotation keys): `[prefix/]name`.
+pub fn qualified_name_errors(s: &str) -> Option<String> {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    if let Some(p) = prefix {
+        if p.is_empty() {
+            return Some("prefix part must be non-empty".into());
+        }
+        if let Some(m) = dns1123_subdomain_errors(p) {
+            return Some(format!("prefix part {m}"));
+        }
+    }
+    if name.is_empty() {
+        return Some("name part must be non-empty".into());
+    }
+    if name.len() > 63 {
+        return Some("name part must be no more than 63 characters".into());
+    }
+    if !is_qualified_name_part(name) {
+        return Some("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')".into());
+    }
+    None
+}
+
+/// Label values: empty, or at most 63 characters of `[A-Za-z0-9_.-]` starting and ending
+/// alphanumerically.
+pub fn label_value_errors(s: &str) -> Option<String> {
+    if s.is_empty() {
+        return None;
+    }
+    if s.len() > 63 {
+        return Some("must be no more than 63 characters".into());
+    }
+    if !is_qualified_name_part(s) {
+        return Some("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')".into());
+    }
+    None
+}
+
+/// How a kind's object names are validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameRule {
+    Dns1123Subdomain,
+    Dns1123Label,
+    Dns1035Label,
+    PathSegment,
+}
+
+impl NameRule {
+    pub fn check(self, name: &str) -> Option<String> {
+        match self {
+            NameRule::Dns1123Subdomain => dns1123_subdomain_errors(name),
+            NameRule::Dns1123Label => dns1123_label_errors(name),
+            NameRule::Dns1035Label => dns1035_label_errors(name),
+            NameRule::PathSegment => path_segment_errors(name),
+        }
+    }
+}
+
+const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
+
+/// Validate `metadata` of an object about to be stored (name already resolved from
+/// generateName).
+pub fn validate_object_meta(obj: &Value, rule: NameRule, namespaced: bool) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
+    let name = meta.get("name").and_then(Value::as_str).unwrap_or_default();
+    if name.is_empty() {
+        errs.push(FieldError::required("metadata.name", "name or generateName is required"));
+    } else if let Some(m) = rule.check(name) {
+        errs.push(FieldError::invalid("metadata.name", &Value::String(name.into()), &m));
+    }
+    if let Some(gn) = meta.get("generateName").and_then(Value::as_str) {
+        // generateName is a prefix: it is valid when prefix+"a" would be.
+        if !gn.is_empty() {
+            let probe = format!("{}a", gn);
+            if let Some(m) = rule.check(&probe) {
+                errs.push(FieldError::invalid("metadata.generateName", &Value::String(gn.into()), &m));
+            }
+        }
+    }
+    let ns = meta.get("namespace").and_then(Value::as_str).unwrap_or_default();
+    if namespaced {
+        if ns.is_empty() {
+            errs.push(FieldError::required("metadata.namespace", ""));
+        } else if let Some(m) = dns1123_label_errors(ns) {
+            errs.push(FieldError::invalid("metadata.namespace", &Value::String(ns.into()), &m));
+        }
+    } else if !ns.is_empty() {
+        errs.push(FieldError::forbidden("metadata.namespace", "not allowed on this type"));
+    }
+    if let Some(labels) = meta.get("labels").and_then(Value::as_object) {
+        for (k, v) in labels {
+            if let Some(m) = qualified_name_errors(k) {
+                errs.push(FieldError::invalid("metadata.labels", &Value::String(k.clone()), &m));
+            }
+            match v.as_str() {
+                Some(s) => {
+                    if let Some(m) = label_value_errors(s) {
+                        errs.push(FieldError::invalid("metadata.labels", v, &m));
+                    }
+                }
+                None => errs.push(FieldError::invalid("metadata.labels", v, "label values must be strings")),
+            }
+        }
+    }
+    if let Some(ann) = meta.get("annotations").and_then(Value::as_object) {
+        let mut total = 0usize;
+        for (k, v) in ann {
+            if let Some(m) = qualified_name_errors(&k.to_lowercase()) {
+                errs.push(FieldError::invalid("metadata.annotations", &Value::String(k.clone()), &m));
+            }
+            total += k.len() + v.as_str().map_or(0, str::len);
+        }
+        if total > TOTAL_ANNOTATION_SIZE_LIMIT {
+            errs.push(FieldError::too_long("metadata.annotations", TOTAL_ANNOTATION_SIZE_LIMIT));
+        }
+    }
+    if let Some(fins) = meta.get("finalizers").and_then(Value::as_array) {
+        let mut seen = std::collections::HashSet::new();
+        for (i, f) in fins.iter().enumerate() {
+            let s = f.as_str().unwrap_or_default();
+            if let Some(m) = qualified_name_errors(s) {
+                errs.push(FieldError::invalid(format!("metadata.finalizers[{i}]"), f, &m));
+            } else if !s.contains('/') && !["kubernetes", "orphan", "foregroundDeletion"].contains(&s) {
+                errs.push(FieldError::invalid(
+                    format!("metadata.finalizers[{i}]"),
+                    f,
+                    "name is neither a standard finalizer name nor is it fully qualified",
+                ));
+            }
+            if !seen.insert(s.to_string()) {
+                errs.push(FieldError::duplicate(format!("metadata.finalizers[{i}]"), f));
+            }
+        }
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn subdomains() {
+        assert!(dns1123_subdomain_errors("nginx").is_none());
+        assert!(dns1123_subdomain_errors("a.b-c.d").is_none());
+        assert!(dns1123_subdomain_errors("Nginx").is_some());
+        assert!(dns1123_subdomain_errors("-a").is_some());
+        assert!(dns1123_subdomain_errors("a..b").is_some());
+        assert!(dns1123_subdomain_errors(&"a".repeat(254)).is_some());
+        assert!(dns1123_subdomain_errors(&"a".repeat(253)).is_none()); // Kubernetes does not bound label length inside a subdomain
+    }
+
+    #[test]
+    fn labels_and_1035() {
+        assert!(dns1123_label_errors("kube-system").is_none());
+        assert!(dns1123_label_errors("a.b").is_some());
+        assert!(dns1123_label_errors(&"a".repeat(64)).is_some());
+        assert!(dns1035_label_errors("web").is_none());
+        assert!(dns1035_label_errors("1web").is_some());
+    }
+
+    #[test]
+    fn qualified_names() {
+        assert!(qualified_name_errors("app").is_none());
+        assert!(qualified_name_errors("app.kubernetes.io/name").is_none());
+        assert!(qualified_name_errors("/name").is_some());
+        assert!(qualified_name_errors("a/").is_some());
+        assert!(qualified_name_errors("Bad_Prefix/x").is_some());
+        assert!(qualified_name_errors("-x").is_some());
+        assert!(label_value_errors("").is_none());
+        assert!(label_value_errors("v1.2_3").is_none());
+        assert!(label_value_errors("a b").is_some());
+    }
+
+    #[test]
+    fn object_meta() {
+        let ok = json!({"metadata": {"name": "x", "namespace": "default", "labels": {"a": "b"}}});
+        assert!(validate_object_meta(&ok, NameRule::Dns1123Subdomain, true).is_empty());
+        let bad = json!({"metadata": {"name": "X_Y", "labels": {"a b": "c"}}});
+        let errs = validate_object_meta(&bad, NameRule::Dns1123Subdomain, true);
+        let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, vec!["metadata.name", "metadata.namespace", "metadata.labels"]);
+        let cluster = json!({"metadata": {"name": "n", "namespace": "x"}});
+        assert_eq!(validate_object_meta(&cluster, NameRule::Dns1123Label, false).len(), 1);
+        let fin = json!({"metadata": {"name": "n", "finalizers": ["example.com/x", "bogus"]}});
+        assert_eq!(validate_object_meta(&fin, NameRule::Dns1123Label, false).len(), 1);
+    }
+}

@@ -1,0 +1,357 @@
+//! The watch cache: one storage watch per resource feeds every HTTP watcher of that
+//! resource through a ring buffer of recent events and a broadcast channel.
+//!
+//! Guarantees: a watcher that starts after revision R gets every event with revision > R
+//! once, in order. Events older than the ring are served by a direct storage watch (so a
+//! resume after an apiserver restart has no gap); history compacted away is a 410.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use storage::{EventKind, Revision, Store};
+use tokio::sync::broadcast;
+
+use crate::error::ApiError;
+use crate::registry::generic::decode;
+
+/// One change, decoded once and shared by every watcher.
+#[derive(Debug)]
+pub struct CachedEvent {
+    pub revision: Revision,
+    pub key: String,
+    pub deleted: bool,
+    /// The object after the change; for a delete, the last state with the delete's
+    /// revision as its resourceVersion.
+    pub object: Value,
+    /// `object` serialized once.
+    pub object_json: Bytes,
+    /// The object before the change (None for a create or when unknown).
+    pub prev: Option<Value>,
+}
+
+impl CachedEvent {
+    pub fn from_storage(ev: &storage::Event) -> Result<Self, ApiError> {
+        let revision = ev.revision();
+        let prev = match &ev.prev {
+            Some(p) => Some(decode(p)?),
+            None => None,
+        };
+        let (deleted, object) = match ev.kind {
+            EventKind::Put => (false, decode(&ev.kv)?),
+            EventKind::Delete => {
+                let mut last = prev.clone().unwrap_or_else(|| json!({"metadata": {}}));
+                crate::registry::set_at(&mut last, "/metadata/resourceVersion", json!(revision.to_string()));
+                (true, last)
+            }
+        };
+        let object_json = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
+        Ok(CachedEvent { revision, key: ev.kv.key.clone(), deleted, object, object_json, prev })
+    }
+}
+
+struct Inner {
+    ring: VecDeque<Arc<CachedEvent>>,
+    /// The ring holds every event with revision > start_rev.
+    start_rev: Revision,
+    /// The newest revision the cache has seen (events or its start).
+    last_rev: Revision,
+    tx: broadcast::Sender<Arc<CachedEvent>>,
+}
+
+pub struct WatchCache {
+    pub prefix: String,
+    capacity: usize,
+    inner: Mutex<Inner>,
+}
+
+/// How a watcher starting after some revision is fed.
+pub enum Subscription {
+    /// From the cache: these buffered events, then the channel (skip revisions already seen).
+    Cache { backlog: Vec<Arc<CachedEvent>>, rx: broadcast::Receiver<Arc<CachedEvent>> },
+    /// The revision is older than the ring: the caller watches storage directly.
+    TooOld,
+}
+
+const CHANNEL_CAPACITY: usize = 4096;
+
+impl WatchCache {
+    fn new(prefix: String, capacity: usize, start_rev: Revision) -> Self {
+        let (tx, _) = broadcast::channel(CHANNEL_CAPACITY);
+        WatchCache {
+            prefix,
+            capacity,
+            inner: Mutex::new(Inner { ring: VecDeque::new(), start_rev, last_rev: start_rev, tx }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn subscribe(&self, after: Revision) -> Subscription {
+        let inner = self.lock();
+        if after < inner.start_rev {
+            return Subscription::TooOld;
+        }
+        let backlog = inner.ring.iter().filter(|e| e.revision > after).cloned().collect();
+        Subscription::Cache { backlog, rx: inner.tx.subscribe() }
+    }
+
+    pub fn last_revision(&self) -> Revision {
+        self.lock().last_rev
+    }
+
+    fn push(&self, ev: CachedEvent) {
+        let ev = Arc::new(ev);
+        let mut inner = self.lock();
+        inner.last_rev = inner.last_rev.max(ev.revision);
+        inner.ring.push_back(ev.clone());
+        while inner.ring.len() > self.capacity {
+            if let Some(old) = inner.ring.pop_front() {
+                inner.start_rev = old.revision;
+            }
+        }
+        // No receivers is fine.
+        let _ = inner.tx.send(ev);
+    }
+
+    /// Forget everything (history was compacted under us): current watchers are closed
+    /// and must re-watch.
+    fn reset(&self, rev: Revision) {
+        let mut inner = self.lock();
+        inner.ring.clear();
+        inner.start_rev = rev;
+        inner.last_rev = rev;
+        let (tx, _) = broadcast::channel(CHANNEL_CAPACITY);
+        inner.tx = tx;
+    }
+}
+
+/// All watch caches, created on first use.
+pub struct WatchCaches {
+    store: Arc<dyn Store>,
+    capacity: usize,
+    caches: Mutex<HashMap<String, Arc<WatchCache>>>,
+}
+
+impl WatchCaches {
+    pub fn new(store: Arc<dyn Store>, capacity: usize) -> Self {
+        WatchCaches { store, capacity, caches: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn count(&self) -> usize {
+        self.caches.lock().map(|c| c.len()).unwrap_or(0)
+    }
+
+    /// The cache for a resource prefix (`/registry/pods/`), started if needed.
+    pub async fn get(&self, prefix: &str) -> Result<Arc<WatchCache>, ApiError> {
+        if let Some(c) = self.caches.lock().ok().and_then(|m| m.get(prefix).cloned()) {
+            return Ok(c);
+        }
+        let rev = self.store.current_revision().await?;
+        let mut map = self.caches.lock().map_err(|_| ApiError::internal("watch cache lock poisoned"))?;
+        if let Some(c) = map.get(prefix) {
+            return Ok(c.clone());
+        }
+        let cache = Arc::new(WatchCache::new(prefix.to_string(), self.capacity, rev));
+        map.insert(prefix.to_string(), cache.clone());
+        tokio::spawn(feed(self.store.clone(), cache.clone(), rev));
+        Ok(cache)
+    }
+}
+
+/// The single storage watch behind a cache. Re-watches from the last revision on errors;
+/// resets the cache if that revision was compacted.
+async fn feed(store: Arc<dyn Store>, cache: Arc<WatchCache>, mut from: Revision) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match store.watch(&cache.prefix, from).await {
+            Ok(mut stream) => {
+                while let Some(item) = stream.next().await {
+                    match item {
+                        Ok(ev) => {
+                            backoff = Duration::from_millis(100);
+                            from = from.max(ev.revision());
+                            match CachedEvent::from_storage(&ev) {
+                                Ok(ce) => cache.push(ce),
+                                Err(e) => tracing::error!(key = ev.kv.key, error = %e, "undecodable object in watch"),
+                            }
+                        }
+                        Err(storage::Error::Compacted { .. }) => {
+                            from = reset_to_current(&*store, &cache).await;
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(prefix = cache.prefix, error = %e, "storage watch failed; re-watching");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(storage::Error::Compacted { .. }) => {
+                from = reset_to_current(&*store, &cache).await;
+            }
+            Err(e) => {
+                tracing::warn!(prefix = cache.prefix, error = %e, "cannot start storage watch; retrying");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn reset_to_current(store: &dyn Store, cache: &WatchCache) -> Revision {
+    loop {
+        match store.current_revision().await {
+            Ok(rev) => {
+                tracing::warn!(prefix = cache.prefix, rev, "watch cache fell behind compaction; resetting");
+                cache.reset(rev);
+                return rev;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
+
+/// What a watcher wants to see.
+pub struct Filter {
+    /// Key prefix (namespace restriction included).
+    pub key_prefix: String,
+    pub matches: Box<dyn Fn(&Value) -> bool + Send + Sync>,
+}
+
+/// The watch event type a cached event means for a filtered watcher, if any:
+/// entering the selection is ADDED, leaving it is DELETED.
+pub fn event_type(ev: &CachedEvent, filter: &Filter) -> Option<&'static str> {
+    if !ev.key.starts_with(&filter.key_prefix) {
+        return None;
+    }
+    if ev.deleted {
+        return (filter.matches)(&ev.object).then_some("DELETED");
+    }
+    let now = (filter.matches)(&ev.object);
+    let before = ev.prev.as_ref().map(|p| (filter.matches)(p));
+    match (before, now) {
+        (None, true) => Some(if ev.prev.is_none() { "ADDED" } else { "MODIFIED" }),
+        (Some(true), true) => Some("MODIFIED"),
+        (Some(false), true) => Some("ADDED"),
+        (Some(true), false) => Some("DELETED"),
+        _ => None,
+    }
+}
+
+/// One line of a watch stream.
+pub fn event_line(kind: &str, object_json: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(object_json.len() + 32);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    out.extend_from_slice(object_json);
+    out.extend_from_slice(b"}\n");
+    Bytes::from(out)
+}
+
+pub fn bookmark_line(api_version: &str, kind: &str, rv: Revision, initial_events_end: bool) -> Bytes {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if initial_events_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    let obj = json!({"kind": kind, "apiVersion": api_version, "metadata": meta});
+    event_line("BOOKMARK", &serde_json::to_vec(&obj).unwrap_or_default())
+}
+
+pub fn error_line(err: &ApiError) -> Bytes {
+    event_line("ERROR", &serde_json::to_vec(&err.to_status()).unwrap_or_default())
+}
+
+/// Watch tuning.
+#[derive(Clone, Copy, Debug)]
+pub struct WatchTiming {
+    pub bookmark_interval: Duration,
+}
+
+impl Default for WatchTiming {
+    fn default() -> Self {
+        WatchTiming { bookmark_interval: Duration::from_secs(60) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(rev: Revision, obj: Value, prev: Option<Value>, deleted: bool) -> CachedEvent {
+        CachedEvent {
+            revision: rev,
+            key: "/registry/pods/default/x".into(),
+            deleted,
+            object_json: Bytes::from(obj.to_string()),
+            object: obj,
+            prev,
+        }
+    }
+
+    fn filter_app_web() -> Filter {
+        Filter {
+            key_prefix: "/registry/pods/default/".into(),
+            matches: Box::new(|o: &Value| o.pointer("/metadata/labels/app") == Some(&json!("web"))),
+        }
+    }
+
+    #[test]
+    fn selector_transitions() {
+        let web = json!({"metadata": {"labels": {"app": "web"}}});
+        let db = json!({"metadata": {"labels": {"app": "db"}}});
+        let f = filter_app_web();
+        assert_eq!(event_type(&ev(1, web.clone(), None, false), &f), Some("ADDED"));
+        assert_eq!(event_type(&ev(2, web.clone(), Some(web.clone()), false), &f), Some("MODIFIED"));
+        assert_eq!(event_type(&ev(3, db.clone(), Some(web.clone()), false), &f), Some("DELETED"));
+        assert_eq!(event_type(&ev(4, web.clone(), Some(db.clone()), false), &f), Some("ADDED"));
+        assert_eq!(event_type(&ev(5, db.clone(), Some(db.clone()), false), &f), None);
+        assert_eq!(event_type(&ev(6, web.clone(), Some(web.clone()), true), &f), Some("DELETED"));
+        let other_ns = Filter { key_prefix: "/registry/pods/other/".into(), matches: Box::new(|_| true) };
+        assert_eq!(event_type(&ev(7, web, None, false), &other_ns), None);
+    }
+
+    #[test]
+    fn ring_and_subscribe() {
+        let c = WatchCache::new("/registry/pods/".into(), 3, 10);
+        for r in 11..=15 {
+            c.push(ev(r, json!({}), None, false));
+        }
+        // Ring holds 13, 14, 15: complete after 12.
+        assert!(matches!(c.subscribe(11), Subscription::TooOld));
+        match c.subscribe(12) {
+            Subscription::Cache { backlog, .. } => {
+                assert_eq!(backlog.iter().map(|e| e.revision).collect::<Vec<_>>(), vec![13, 14, 15])
+            }
+            Subscription::TooOld => panic!("12 is servable"),
+        }
+        match c.subscribe(15) {
+            Subscription::Cache { backlog, mut rx } => {
+                assert!(backlog.is_empty());
+                c.push(ev(16, json!({}), None, false));
+                assert_eq!(rx.try_recv().map(|e| e.revision).ok(), Some(16));
+            }
+            Subscription::TooOld => panic!(),
+        }
+        assert_eq!(c.last_revision(), 16);
+    }
+
+    #[test]
+    fn lines() {
+        let l = bookmark_line("v1", "Pod", 7, true);
+        let v: Value = serde_json::from_slice(&l).unwrap();
+        assert_eq!(v["type"], "BOOKMARK");
+        assert_eq!(v["object"]["metadata"]["resourceVersion"], "7");
+        assert_eq!(v["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+        let e = error_line(&ApiError::gone("too old resource version: 1 (5)"));
+        let v: Value = serde_json::from_slice(&e).unwrap();
+        assert_eq!(v["object"]["code"], 410);
+        assert_eq!(v["object"]["reason"], "Expired");
+    }
+}

@@ -1,0 +1,132 @@
+//! Plumbing every MiniK8s component shares, so each binary says only what it does:
+//! - [`client`]: a `kube::Client` from the usual `--kubeconfig` / `--server` flags;
+//! - [`init_tracing`]: `tracing` logs with a `-v`-style level or `RUST_LOG`;
+//! - [`serve_health`]: `/healthz`, `/readyz` and Prometheus `/metrics` on one port;
+//! - [`leader`]: leader election over a `coordination.k8s.io/v1` Lease.
+
+pub mod leader;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+
+/// A client for the apiserver.
+///
+/// `server` (the `--server` flag) wins over the kubeconfig's server. With neither a
+/// `kubeconfig` path nor `$KUBECONFIG`/`~/.kube/config`, `server` alone is enough.
+pub async fn client(kubeconfig: Option<&Path>, server: Option<&str>) -> anyhow::Result<kube::Client> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => match server {
+            Some(url) => kube::Config::new(url.parse().with_context(|| format!("--server {url:?} is not a URL"))?),
+            None => kube::Config::infer().await.context("no --kubeconfig or --server, and no usable default kubeconfig")?,
+        },
+    };
+    if let Some(url) = server {
+        config.cluster_url = url.parse().with_context(|| format!("--server {url:?} is not a URL"))?;
+    }
+    kube::Client::try_from(config).context("building the API client")
+}
+
+/// Log to stderr with `tracing`. `level` is a filter such as `info` or
+/// `info,kube=debug`; `RUST_LOG` overrides it.
+pub fn init_tracing(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+}
+
+/// Readiness a component flips once its caches are synced (or it leads).
+#[derive(Clone, Default)]
+pub struct Ready(Arc<AtomicBool>);
+
+impl Ready {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::SeqCst)
+    }
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Serve `/healthz` (always ok while the process runs), `/readyz` (from `ready`) and
+/// `/metrics` (the default Prometheus registry plus `registry`) on `addr`. Returns once
+/// the port is bound; serving goes on in a background task.
+pub async fn serve_health(addr: SocketAddr, registry: prometheus::Registry, ready: Ready) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let bound = listener.local_addr()?;
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/livez", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.get();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                    }
+                }
+            }),
+        )
+        .route("/metrics", get(move || metrics(registry.clone())));
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "health/metrics server stopped");
+        }
+    });
+    Ok(bound)
+}
+
+async fn metrics(registry: prometheus::Registry) -> impl IntoResponse {
+    use prometheus::Encoder;
+    let mut families = prometheus::gather();
+    families.extend(registry.gather());
+    let mut body = Vec::new();
+    match prometheus::TextEncoder::new().encode(&families, &mut body) {
+        Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn health_and_metrics_are_served() {
+        let registry = prometheus::Registry::new();
+        let counter = prometheus::IntCounter::new("minik8s_test_total", "a test counter").unwrap();
+        registry.register(Box::new(counter.clone())).unwrap();
+        counter.inc();
+        let ready = Ready::default();
+        let addr = serve_health("127.0.0.1:0".parse().unwrap(), registry, ready.clone()).await.unwrap();
+        let get = |path: &str| {
+            let url = format!("http://{addr}{path}");
+            async move {
+                let out = tokio::process::Command::new("curl").args(["-s", "-o", "-", "-w", "\n%{http_code}", &url]).output().await.unwrap();
+                String::from_utf8(out.stdout).unwrap()
+            }
+        };
+        assert!(get("/healthz").await.ends_with("200"));
+        assert!(get("/readyz").await.ends_with("503"));
+        ready.set(true);
+        assert!(get("/readyz").await.ends_with("200"));
+        assert!(get("/metrics").await.contains("minik8s_test_total 1"));
+    }
+}

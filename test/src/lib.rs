@@ -1,0 +1,286 @@
+//! Shared helpers for the end-to-end tests: build and start the real `apiserver` binary on a
+//! free port with a temporary data dir, talk to it with the `kube` crate, with raw HTTP, and
+//! with the official kubectl.
+
+pub mod scheduler;
+
+pub mod controller_manager;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// The workspace's target directory.
+fn target_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("CARGO_TARGET_DIR") {
+        return PathBuf::from(d);
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target")
+}
+
+/// Build `apiserver` once per test process (cargo's lock serializes concurrent builds) and
+/// return the binary's path. `MINIK8S_APISERVER_BIN` overrides it.
+pub fn apiserver_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("MINIK8S_APISERVER_BIN") {
+            return PathBuf::from(p);
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-q", "-p", "apiserver", "--bin", "apiserver"])
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run cargo build -p apiserver: {e}"));
+        assert!(status.success(), "cargo build -p apiserver failed");
+        let bin = target_dir().join("debug").join("apiserver");
+        assert!(bin.exists(), "{} missing after build", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
+
+/// A running apiserver process; killed on drop.
+pub struct ApiServer {
+    pub port: u16,
+    pub data_dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    child: Option<Child>,
+    pub extra_args: Vec<String>,
+}
+
+impl ApiServer {
+    /// Start on a fresh data dir.
+    pub fn start() -> Result<Self> {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(args: &[&str]) -> Result<Self> {
+        let tmp = tempfile::tempdir()?;
+        let mut s = ApiServer {
+            port: free_port(),
+            data_dir: tmp.path().to_path_buf(),
+            _tmp: Some(tmp),
+            child: None,
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn()?;
+        Ok(s)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.data_dir.join("apiserver.log"))?;
+        let mut cmd = Command::new(apiserver_bin());
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--log-level")
+            .arg("info")
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if let Ok(etcd) = std::env::var("MINIK8S_E2E_ETCD") {
+            cmd.arg("--etcd-servers").arg(etcd);
+        }
+        self.child = Some(cmd.spawn().context("spawning apiserver")?);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    bail!("apiserver exited early ({status}); log:\n{}", self.log());
+                }
+            }
+            if let Ok(r) = raw(self.port, "GET", "/readyz", None, b"") {
+                if r.status == 200 {
+                    return Ok(());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("apiserver not ready in 30s; log:\n{}", self.log())
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("apiserver.log")).unwrap_or_default()
+    }
+
+    /// Stop the process (SIGKILL) and keep the data dir.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stop and start again on the same port and data.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop();
+        self.spawn()
+    }
+
+    pub fn client(&self) -> Result<kube::Client> {
+        let config = kube::Config::new(self.url().parse()?);
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Run the official kubectl against this server. Returns (exit ok, stdout, stderr).
+    pub fn kubectl(&self, args: &[&str]) -> Result<KubectlOutput> {
+        let out = Command::new(kubectl_bin())
+            .arg("--server")
+            .arg(self.url())
+            .args(args)
+            .env("KUBECONFIG", "/dev/null")
+            .output()
+            .context("running kubectl")?;
+        Ok(KubectlOutput {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[derive(Debug)]
+pub struct KubectlOutput {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// The official kubectl: `MINIK8S_KUBECTL`, else /usr/bin/kubectl (google-cloud-cli).
+pub fn kubectl_bin() -> PathBuf {
+    std::env::var("MINIK8S_KUBECTL").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from("/usr/bin/kubectl"))
+}
+
+/// The manifests directory (`../shared/manifests` next to the repository).
+pub fn manifests_dir() -> PathBuf {
+    std::env::var("MINIK8S_MANIFESTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/manifests"))
+}
+
+/// A raw HTTP response.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    /// Newline-delimited JSON (watch streams).
+    pub fn lines(&self) -> Vec<serde_json::Value> {
+        self.text().lines().filter(|l| !l.trim().is_empty()).filter_map(|l| serde_json::from_str(l).ok()).collect()
+    }
+}
+
+/// A minimal HTTP/1.1 client (one request per connection) so tests can send exactly the
+/// bytes they mean, including malformed ones.
+pub fn raw(port: u16, method: &str, path: &str, content_type: Option<&str>, body: &[u8]) -> Result<RawResponse> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nAccept: application/json\r\n"
+    );
+    if let Some(ct) = content_type {
+        req.push_str(&format!("Content-Type: {ct}\r\n"));
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    s.write_all(req.as_bytes())?;
+    // A server may answer (413) before reading a large body; ignore write errors then.
+    let _ = s.write_all(body);
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    parse_response(&buf)
+}
+
+fn parse_response(buf: &[u8]) -> Result<RawResponse> {
+    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n").context("no HTTP header end")?;
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status: u16 = status_line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).context("bad status line")?;
+    let headers: Vec<(String, String)> =
+        lines.filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))).collect();
+    let mut body = buf[head_end + 4..].to_vec();
+    let chunked =
+        headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked"));
+    if chunked {
+        body = dechunk(&body);
+    }
+    Ok(RawResponse { status, headers, body })
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(line_end) = b.windows(2).position(|w| w == b"\r\n") else { break };
+        let size_str = String::from_utf8_lossy(&b[..line_end]);
+        let Ok(size) = usize::from_str_radix(size_str.split(';').next().unwrap_or("0").trim(), 16) else { break };
+        if size == 0 {
+            break;
+        }
+        let start = line_end + 2;
+        if b.len() < start + size {
+            out.extend_from_slice(&b[start..]);
+            break;
+        }
+        out.extend_from_slice(&b[start..start + size]);
+        b = &b[(start + size + 2).min(b.len())..];
+    }
+    out
+}
+
+/// Wait until `f` returns true (polling), or fail after `timeout`.
+pub async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("condition not met within {timeout:?}")
+}

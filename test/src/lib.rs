@@ -2,10 +2,6 @@
 //! free port with a temporary data dir, talk to it with the `kube` crate, with raw HTTP, and
 //! with the official kubectl.
 
-pub mod scheduler;
-
-pub mod controller_manager;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -123,6 +119,11 @@ impl ApiServer {
         bail!("apiserver not ready in 30s; log:\n{}", self.log())
     }
 
+    /// The process id while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.data_dir.join("apiserver.log")).unwrap_or_default()
     }
@@ -148,9 +149,17 @@ impl ApiServer {
 
     /// Run the official kubectl against this server. Returns (exit ok, stdout, stderr).
     pub fn kubectl(&self, args: &[&str]) -> Result<KubectlOutput> {
-        let out = Command::new(kubectl_bin())
+        self.kubectl_bin(&kubectl_bin(), args)
+    }
+
+    /// Run a given kubectl binary against this server, with its own discovery/HTTP cache
+    /// (a port reused by a later server must not see this one's cached OpenAPI).
+    pub fn kubectl_bin(&self, bin: &Path, args: &[&str]) -> Result<KubectlOutput> {
+        let out = Command::new(bin)
             .arg("--server")
             .arg(self.url())
+            .arg("--cache-dir")
+            .arg(self.data_dir.join("kubectl-cache"))
             .args(args)
             .env("KUBECONFIG", "/dev/null")
             .output()
@@ -179,6 +188,29 @@ pub struct KubectlOutput {
 /// The official kubectl: `MINIK8S_KUBECTL`, else /usr/bin/kubectl (google-cloud-cli).
 pub fn kubectl_bin() -> PathBuf {
     std::env::var("MINIK8S_KUBECTL").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from("/usr/bin/kubectl"))
+}
+
+/// An official kubectl release shipped with google-cloud-cli (`1.27` … `1.33`).
+pub fn official_kubectl(version: &str) -> PathBuf {
+    PathBuf::from(format!("/usr/lib/google-cloud-sdk/bin/kubectl.{version}"))
+}
+
+/// The official kubectl releases the compatibility tests run: those present, or all of them
+/// (a missing one fails) under `CI=true`.
+pub fn official_kubectls(versions: &[&str]) -> Vec<(String, PathBuf)> {
+    let ci = std::env::var("CI").as_deref() == Ok("true");
+    let mut out = Vec::new();
+    for v in versions {
+        let p = official_kubectl(v);
+        if p.exists() {
+            out.push((v.to_string(), p));
+        } else if ci {
+            panic!("kubectl {v} ({}) is missing", p.display());
+        } else {
+            eprintln!("skipping kubectl {v}: {} is missing", p.display());
+        }
+    }
+    out
 }
 
 /// The manifests directory (`../shared/manifests` next to the repository).

@@ -1,0 +1,321 @@
+//! apiserver benchmark: the REST API over each storage backend beside the storage layer
+//! beneath it, measured in the same run.
+//!
+//!     cargo bench -p e2e --bench apiserver                # embedded and etcd
+//!     cargo bench -p e2e --bench apiserver -- embedded    # one backend
+//!     BENCH_SECONDS=5 BENCH_WATCHERS=1000 BENCH_PODS=10000 cargo bench -p e2e --bench apiserver
+//!
+//! Figures: pod creates/s from one keep-alive client (with p50/p99 latency) and from 16,
+//! gets/s, a full list of 10,000 pods, and watch delivery latency (create issued → event
+//! received) with 1,000 concurrent watchers. The storage layer's create rate with the same
+//! concurrency and a stored pod's size is the baseline.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use e2e::ApiServer;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use serde_json::json;
+use storage::Store;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn seconds() -> Duration {
+    Duration::from_secs_f64(env_or("BENCH_SECONDS", 3.0))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn pod(name: &str, t: Option<u128>) -> Pod {
+    let mut annotations = serde_json::Map::new();
+    if let Some(t) = t {
+        annotations.insert("bench/t".into(), json!(t.to_string()));
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "bench"}, "annotations": annotations},
+        "spec": {"containers": [{"name": "app", "image": "busybox", "command": ["sleep", "3600"]}]}
+    }))
+    .expect("pod literal")
+}
+
+/// Run `op(n)` from `concurrency` tasks for the bench duration: (ops/s, sorted latencies ms).
+async fn run<F, Fut>(concurrency: usize, op: F) -> (f64, Vec<f64>)
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let op = Arc::new(op);
+    let counter = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + seconds();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (op, counter) = (op.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while Instant::now() < deadline {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                op(n).await;
+                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.expect("bench task"));
+    }
+    let rate = lat.len() as f64 / start.elapsed().as_secs_f64();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    (rate, lat)
+}
+
+/// The storage layer's create rate for values the size of a stored pod.
+async fn storage_rate(store: Arc<dyn Store>, concurrency: usize, value: Bytes) -> f64 {
+    run(concurrency, move |n| {
+        let (store, value) = (store.clone(), value.clone());
+        async move {
+            store.create(&format!("/bench/raw/c{concurrency}/{n:09}"), value).await.expect("storage create");
+        }
+    })
+    .await
+    .0
+}
+
+struct Figures {
+    rows: Vec<(String, String, String, String)>,
+}
+
+impl Figures {
+    fn row(&mut self, what: &str, ours: String, base: String, ratio: String) {
+        self.rows.push((what.into(), ours, base, ratio));
+    }
+    fn print(&self, title: &str) {
+        println!("\n{title}");
+        println!("  {:<40} {:>22} {:>16} {:>8}", "measure", "apiserver", "storage layer", "ratio");
+        for (a, b, c, d) in &self.rows {
+            println!("  {a:<40} {b:>22} {c:>16} {d:>8}");
+        }
+    }
+}
+
+async fn bench_backend(server: &ApiServer, store: Arc<dyn Store>) -> Figures {
+    let mut f = Figures { rows: Vec::new() };
+    let client = server.client().expect("client");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+
+    // The stored size of a pod, for the storage baseline.
+    let sample = pods.create(&PostParams::default(), &pod("size-sample", None)).await.expect("create sample");
+    let value = Bytes::from(serde_json::to_vec(&sample).expect("encode"));
+
+    for concurrency in [1usize, 16] {
+        let p = pods.clone();
+        let (rate, lat) = run(concurrency, move |n| {
+            let p = p.clone();
+            async move {
+                p.create(&PostParams::default(), &pod(&format!("c{concurrency}-{n}"), None)).await.expect("create");
+            }
+        })
+        .await;
+        let raw = storage_rate(store.clone(), concurrency, value.clone()).await;
+        f.row(
+            &format!("pod creates/s, {concurrency} client(s)"),
+            format!("{rate:.0}/s p50 {:.2} p99 {:.2} ms", percentile(&lat, 0.5), percentile(&lat, 0.99)),
+            format!("{raw:.0}/s"),
+            format!("{:.0}%", rate / raw * 100.0),
+        );
+    }
+
+    for concurrency in [1usize, 16] {
+        let p = pods.clone();
+        let (rate, lat) = run(concurrency, move |n| {
+            let p = p.clone();
+            async move {
+                p.get(&format!("c1-{}", n % 100)).await.expect("get");
+            }
+        })
+        .await;
+        f.row(
+            &format!("pod gets/s, {concurrency} client(s)"),
+            format!("{rate:.0}/s p99 {:.2} ms", percentile(&lat, 0.99)),
+            "-".into(),
+            "-".into(),
+        );
+    }
+
+    // Top up to the list size, then list them all at once and in pages.
+    let want: usize = env_or("BENCH_PODS", 10_000);
+    let have = pods.list_metadata(&ListParams::default()).await.expect("count").items.len();
+    futures::stream::iter(have..want)
+        .map(|i| {
+            let p = pods.clone();
+            async move { p.create(&PostParams::default(), &pod(&format!("fill-{i}"), None)).await.map(|_| ()) }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("fill");
+    let t = Instant::now();
+    let all = pods.list(&ListParams::default()).await.expect("list");
+    let full = t.elapsed().as_secs_f64() * 1000.0;
+    let t = Instant::now();
+    let mut paged = 0;
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = pods.list(&params).await.expect("page");
+        paged += page.items.len();
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => params = params.continue_token(&c),
+            _ => break,
+        }
+    }
+    let pages = t.elapsed().as_secs_f64() * 1000.0;
+    assert_eq!(paged, all.items.len());
+    // The storage layer reading as many pod-sized values.
+    futures::stream::iter(0..all.items.len())
+        .map(|i| {
+            let (store, value) = (store.clone(), value.clone());
+            async move { store.create(&format!("/bench/list/{i:09}"), value).await.map(|_| ()) }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("fill storage");
+    let t = Instant::now();
+    let range = store.range(storage::Range::prefix("/bench/list/")).await.expect("range");
+    let raw_list = t.elapsed().as_secs_f64() * 1000.0;
+    f.row(
+        &format!("list {} pods (one request)", all.items.len()),
+        format!("{full:.0} ms"),
+        format!("{raw_list:.0} ms ({} keys)", range.kvs.len()),
+        format!("{:.0}%", raw_list / full * 100.0),
+    );
+    f.row(&format!("list {} pods (pages of 500)", paged), format!("{pages:.0} ms"), "-".into(), "-".into());
+
+    // Watch delivery with many concurrent watchers.
+    let watchers: usize = env_or("BENCH_WATCHERS", 1000);
+    let events: usize = env_or("BENCH_WATCH_EVENTS", 50);
+    let base = Instant::now();
+    let rv = pods.list_metadata(&ListParams::default().limit(1)).await.expect("rv").metadata.resource_version;
+    let rv = rv.unwrap_or_default();
+    let mut tasks = Vec::new();
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel(watchers);
+    for w in 0..watchers {
+        // One connection per watcher, as separate clients would have.
+        let p: Api<Pod> = Api::namespaced(server.client().expect("client"), "default");
+        let rv = rv.clone();
+        let ready_tx = ready_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let params = WatchParams::default().labels("bench-watch=yes").timeout(290);
+            let mut stream = match p.watch(&params, &rv).await {
+                Ok(s) => s.boxed(),
+                Err(e) => panic!("watcher {w}: {e}"),
+            };
+            let _ = ready_tx.send(()).await;
+            let mut lat = Vec::with_capacity(events);
+            while lat.len() < events {
+                match tokio::time::timeout(Duration::from_secs(60), stream.next()).await {
+                    Ok(Some(Ok(WatchEvent::Added(pod)))) => {
+                        let t: u128 = pod
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get("bench/t"))
+                            .and_then(|t| t.parse().ok())
+                            .unwrap_or(0);
+                        let sent = base + Duration::from_nanos(t as u64);
+                        lat.push(sent.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    Ok(Some(Ok(_))) => {}
+                    other => panic!("watcher {w} after {} events: {other:?}", lat.len()),
+                }
+            }
+            lat
+        }));
+    }
+    drop(ready_tx);
+    for _ in 0..watchers {
+        ready_rx.recv().await.expect("watcher ready");
+    }
+    for i in 0..events {
+        let mut p = pod(&format!("watched-{i}"), Some(base.elapsed().as_nanos()));
+        p.metadata.labels.get_or_insert_with(Default::default).insert("bench-watch".into(), "yes".into());
+        pods.create(&PostParams::default(), &p).await.expect("create watched");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.expect("watcher"));
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    f.row(
+        &format!("watch delivery, {watchers} watchers"),
+        format!("p50 {:.1} ms p99 {:.1} ms", percentile(&lat, 0.5), percentile(&lat, 0.99)),
+        "-".into(),
+        "-".into(),
+    );
+    f.row(&format!("  ({} events delivered)", lat.len()), String::new(), String::new(), String::new());
+    f
+}
+
+fn rss_mb(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(|l| l.to_string()))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn main() {
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let wants = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
+
+    // The release apiserver: benchmarks measure what users run.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "-q", "--release", "-p", "apiserver"])
+        .current_dir(&root)
+        .status()
+        .expect("cargo build --release -p apiserver");
+    assert!(status.success(), "building the release apiserver failed");
+    let target =
+        std::env::var("CARGO_TARGET_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| root.join("target"));
+    std::env::set_var("MINIK8S_APISERVER_BIN", target.join("release/apiserver"));
+
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    println!("apiserver benchmark: {:?} per rate figure", seconds());
+
+    if wants("embedded") {
+        let server = ApiServer::start().expect("start apiserver");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store: Arc<dyn Store> =
+            Arc::new(storage::embedded::SqliteStore::open(dir.path().join("raw.db")).expect("open store"));
+        let f = rt.block_on(bench_backend(&server, store));
+        f.print("embedded store (SQLite)");
+        println!("  apiserver resident memory now: {:.0} MB", server.pid().map_or(0.0, rss_mb));
+    }
+    if wants("etcd") {
+        let etcd = storage::etcd_test_server::EtcdServer::start().expect("start etcd (Debian etcd-server)");
+        let endpoint = etcd.endpoint();
+        let server = ApiServer::start_with(&["--etcd-servers", &endpoint]).expect("start apiserver on etcd");
+        let f = rt.block_on(async {
+            let store: Arc<dyn Store> =
+                Arc::new(storage::etcd::EtcdStore::connect(std::slice::from_ref(&endpoint)).await.expect("etcd"));
+            bench_backend(&server, store).await
+        });
+        f.print("etcd");
+        println!("  apiserver resident memory now: {:.0} MB", server.pid().map_or(0.0, rss_mb));
+    }
+}

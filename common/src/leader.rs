@@ -181,7 +181,9 @@ mod tests {
 
     #[test]
     fn absent_lease_is_created() {
-        assert!(matches!(decide(None, "a", Duration::from_secs(15), at(100)), Decision::Create(s) if s.holder_identity.as_deref() == Some("a")));
+        assert!(
+            matches!(decide(None, "a", Duration::from_secs(15), at(100)), Decision::Create(s) if s.holder_identity.as_deref() == Some("a"))
+        );
     }
 
     #[test]

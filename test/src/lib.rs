@@ -2,6 +2,8 @@
 //! free port with a temporary data dir, talk to it with the `kube` crate, with raw HTTP, and
 //! with the official kubectl.
 
+pub mod scheduler;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,118 @@
+//! Start the real `scheduler` binary against a test apiserver, and build Nodes and Pods
+//! for scheduler tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::{free_port, ApiServer};
+
+/// Build `scheduler` once per test process and return the binary. `MINIK8S_SCHEDULER_BIN` overrides it.
+pub fn scheduler_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("MINIK8S_SCHEDULER_BIN") {
+            return PathBuf::from(p);
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-q", "-p", "scheduler", "--bin", "scheduler"])
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run cargo build -p scheduler: {e}"));
+        assert!(status.success(), "cargo build -p scheduler failed");
+        let dir = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target"));
+        let bin = dir.join("debug").join("scheduler");
+        assert!(bin.exists(), "{} missing after build", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// A running scheduler process; killed on drop.
+pub struct Scheduler {
+    child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Scheduler {
+    /// Start with `--leader-elect=false` plus `args`.
+    pub fn start(api: &ApiServer, args: &[&str]) -> Result<Self> {
+        let port = free_port();
+        let log = api.data_dir.join(format!("scheduler-{port}.log"));
+        let f = std::fs::File::create(&log)?;
+        let child = Command::new(scheduler_bin())
+            .arg("--master")
+            .arg(api.url())
+            .arg("--bind-address")
+            .arg("127.0.0.1")
+            .arg("--secure-port")
+            .arg(port.to_string())
+            .arg("--log-level")
+            .arg("info,scheduler=debug")
+            .args(if args.iter().any(|a| a.starts_with("--leader-elect")) {
+                &[][..]
+            } else {
+                &["--leader-elect=false"][..]
+            })
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .spawn()
+            .context("spawning scheduler")?;
+        Ok(Scheduler { child, port, log })
+    }
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A Node with allocatable `cpu`, `memory`, 110 pods, `labels` (plus kubernetes.io/hostname),
+/// `taints`, and extra allocatable resources.
+pub fn node(name: &str, cpu: &str, memory: &str, labels: Value, taints: Value, extra: Value) -> Value {
+    let mut labels = labels;
+    labels["kubernetes.io/hostname"] = json!(name);
+    let mut alloc = json!({"cpu": cpu, "memory": memory, "pods": "110"});
+    if let Some(m) = extra.as_object() {
+        for (k, v) in m {
+            alloc[k] = v.clone();
+        }
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"taints": taints},
+        "status": {"capacity": alloc.clone(), "allocatable": alloc,
+                   "conditions": [{"type": "Ready", "status": "True"}]}
+    })
+}
+
+/// A pod with one container requesting `cpu`/`memory`, and `spec` merged in.
+pub fn pod(name: &str, labels: Value, cpu: &str, memory: &str, spec: Value) -> Value {
+    let mut p = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "busybox",
+            "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}
+    });
+    if let Some(m) = spec.as_object() {
+        for (k, v) in m {
+            p["spec"][k] = v.clone();
+        }
+    }
+    p
+}

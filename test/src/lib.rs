@@ -4,6 +4,8 @@
 
 pub mod scheduler;
 
+pub mod kubeproxy;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

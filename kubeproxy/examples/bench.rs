@@ -1,0 +1,222 @@
+//! kubeproxy benchmark, one command (as root):
+//!
+//! ```text
+//! cargo run -p kubeproxy --example bench [-- SERVICES ENDPOINTS REQUESTS]
+//! ```
+//!
+//! In a network namespace of its own (the host's rules are never touched), with SERVICES
+//! Services × ENDPOINTS endpoints (default 10,000 × 5):
+//! - iptables and nftables: time to sync everything from scratch, then one endpoint change;
+//! - IPVS: time to compute the operations (this kernel may have no ip_vs to apply them);
+//! - requests/s (one TCP connection per request) to a backend through a cluster IP with the
+//!   whole rule set loaded, against the same backend reached directly.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kubeproxy::backend::{Backend, Iptables, Nftables};
+use kubeproxy::iptables::Config;
+use kubeproxy::model::{service_ports, NodeInfo, ServicePort};
+use serde_json::json;
+
+const POD_IP: &str = "10.250.0.2";
+const TARGET_CIP: &str = "10.96.255.254";
+
+fn sh(cmd: &str) -> anyhow::Result<()> {
+    let st = Command::new("sh").args(["-c", cmd]).status()?;
+    anyhow::ensure!(st.success(), "`{cmd}` failed");
+    Ok(())
+}
+
+fn objects(n: usize, eps: usize, generation: u32) -> (Vec<Service>, Vec<EndpointSlice>) {
+    let mut svcs = Vec::with_capacity(n + 1);
+    let mut slices = Vec::with_capacity(n + 1);
+    for i in 0..n {
+        let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 10)) + i as u32);
+        svcs.push(
+            // The first 2,700 are NodePort services (the node port range has room for that many).
+            serde_json::from_value(json!({"metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
+                "spec": {"type": if i < 2700 { "NodePort" } else { "ClusterIP" }, "clusterIP": ip.to_string(),
+                         "ports": [{"name": "http", "port": 80, "nodePort": 30000 + i.min(2699)}]}}))
+            .expect("static json"),
+        );
+        let addrs: Vec<_> = (0..eps)
+            .map(|e| {
+                // The last service's first endpoint changes with `generation`.
+                let bump = if i == n - 1 && e == 0 { generation } else { 0 };
+                let ip =
+                    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + (i * eps + e) as u32 + bump * 1_000_000);
+                json!({"addresses": [ip.to_string()], "conditions": {"ready": true}})
+            })
+            .collect();
+        slices.push(
+            serde_json::from_value(json!({"metadata": {"name": format!("svc-{i}-x"), "namespace": "bench",
+                    "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+                "addressType": "IPv4", "endpoints": addrs, "ports": [{"name": "http", "port": 8080}]}))
+            .expect("static json"),
+        );
+    }
+    // The service the request benchmark goes through, listed last in KUBE-SERVICES order terms.
+    svcs.push(
+        serde_json::from_value(json!({"metadata": {"name": "zz-target", "namespace": "bench"},
+            "spec": {"clusterIP": TARGET_CIP, "ports": [{"name": "http", "port": 80}]}}))
+        .expect("static json"),
+    );
+    slices.push(
+        serde_json::from_value(json!({"metadata": {"name": "zz-target-x", "namespace": "bench",
+                "labels": {"kubernetes.io/service-name": "zz-target"}},
+            "addressType": "IPv4", "endpoints": [{"addresses": [POD_IP]}], "ports": [{"name": "http", "port": 8080}]}))
+        .expect("static json"),
+    );
+    (svcs, slices)
+}
+
+fn ports(n: usize, eps: usize, generation: u32) -> (Vec<ServicePort>, Duration) {
+    let (s, e) = objects(n, eps, generation);
+    let t = Instant::now();
+    let p = service_ports(&s, &e, &NodeInfo { name: "bench".into() });
+    (p, t.elapsed())
+}
+
+/// A tiny HTTP server: one response per connection.
+fn serve() -> anyhow::Result<()> {
+    let l = TcpListener::bind("0.0.0.0:8080")?;
+    for c in l.incoming() {
+        let Ok(mut c) = c else { continue };
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 1024];
+            let _ = c.read(&mut buf);
+            let _ = c.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        });
+    }
+    Ok(())
+}
+
+/// Requests/s with `threads` clients, one connection per request, for `n` requests in total.
+fn load(addr: &str, n: usize, threads: usize) -> f64 {
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let addr = addr.to_string();
+            std::thread::spawn(move || {
+                let mut ok = 0;
+                for _ in 0..n / threads {
+                    if let Ok(mut s) = TcpStream::connect(&addr) {
+                        let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n");
+                        let mut b = Vec::new();
+                        if s.read_to_end(&mut b).is_ok() && b.ends_with(b"ok") {
+                            ok += 1;
+                        }
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let ok: usize = handles.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+    assert!(ok * 100 >= n * 99, "{addr}: only {ok}/{n} requests succeeded");
+    ok as f64 / start.elapsed().as_secs_f64()
+}
+
+fn bench_mode(name: &str, mut backend: Box<dyn Backend>, n: usize, eps: usize, requests: usize) -> anyhow::Result<()> {
+    let (p0, compute) = ports(n, eps, 0);
+    let t = Instant::now();
+    let stats = backend.sync(&p0)?;
+    let full = t.elapsed();
+    let (p1, _) = ports(n, eps, 1);
+    let t = Instant::now();
+    let stats1 = backend.sync(&p1)?;
+    let one = t.elapsed();
+    let rps = load(&format!("{TARGET_CIP}:80"), requests, 4);
+    println!(
+        "{name:9} from scratch: {:>8.2?} ({} rules, {} KiB input; model {:.2?})   one endpoint change: {:>8.2?} ({} bytes)   via cluster IP: {rps:>7.0} req/s",
+        full,
+        stats.rules,
+        stats.bytes / 1024,
+        compute,
+        one,
+        stats1.bytes
+    );
+    Ok(())
+}
+
+fn inner(n: usize, eps: usize, requests: usize) -> anyhow::Result<()> {
+    // The backend "pod": a namespace routed from this one.
+    let pod = format!("kpbenchpod{}", std::process::id());
+    sh(&format!(
+        "set -e; ip link set lo up; ip link add eth0 type veth peer name eth0p; ip link set eth0p up; \
+         ip addr add 192.168.200.1/24 dev eth0; ip link set eth0 up; ip route add default dev eth0; \
+         ip netns add {pod}; ip link add kv0 type veth peer name eth0 netns {pod}; \
+         ip addr add 10.250.0.1/32 dev kv0; ip link set kv0 up; ip route add {POD_IP}/32 dev kv0; \
+         ip -n {pod} link set lo up; ip -n {pod} addr add {POD_IP}/32 dev eth0; ip -n {pod} link set eth0 up; \
+         ip -n {pod} route add 10.250.0.1/32 dev eth0; ip -n {pod} route add default via 10.250.0.1; \
+         sysctl -qw net.ipv4.ip_forward=1"
+    ))?;
+    let exe = std::env::current_exe()?;
+    let mut server = Command::new("ip").args(["netns", "exec", &pod]).arg(&exe).arg("--serve").spawn()?;
+    let result = (|| -> anyhow::Result<()> {
+        for _ in 0..100 {
+            if TcpStream::connect(format!("{POD_IP}:8080")).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        println!(
+            "{n} services x {eps} endpoints (+1 target service), {requests} requests per measurement, 4 client threads"
+        );
+        let direct = load(&format!("{POD_IP}:8080"), requests, 4);
+        println!("direct to the backend: {direct:.0} req/s");
+        let cfg = Config { cluster_cidr: Some("10.128.0.0/9".into()), ..Default::default() };
+        bench_mode("iptables", Box::new(Iptables::new(cfg.clone())), n, eps, requests)?;
+        let t = Instant::now();
+        Iptables::cleanup()?;
+        println!("iptables  cleanup: {:.2?}", t.elapsed());
+        bench_mode("nftables", Box::new(Nftables::new(cfg)), n, eps, requests)?;
+        Nftables::cleanup()?;
+        // IPVS: operations only.
+        let (p0, _) = ports(n, eps, 0);
+        let (p1, _) = ports(n, eps, 1);
+        let node_ips = ["192.168.200.1".parse()?];
+        let t = Instant::now();
+        let s0 = kubeproxy::ipvs::desired(&p0, &node_ips, "rr");
+        let ops0 = kubeproxy::ipvs::diff(&Default::default(), &s0);
+        let full = t.elapsed();
+        let t = Instant::now();
+        let s1 = kubeproxy::ipvs::desired(&p1, &node_ips, "rr");
+        let ops1 = kubeproxy::ipvs::diff(&s0, &s1);
+        let one = t.elapsed();
+        println!("ipvs      from scratch: {full:>8.2?} ({} operations, computed only)   one endpoint change: {one:>8.2?} ({} operations)", ops0.len(), ops1.len());
+        Ok(())
+    })();
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = sh(&format!("ip netns del {pod}"));
+    result
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--serve") {
+        return serve();
+    }
+    let num = |i: usize, d: usize| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
+    let (n, eps, requests) = (num(1, 10_000), num(2, 5), num(3, 4_000));
+    if std::env::var("KP_BENCH_INNER").is_ok() {
+        return inner(n, eps, requests);
+    }
+    let ns = format!("kpbench{}", std::process::id());
+    sh(&format!("ip netns add {ns}"))?;
+    let st = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(std::env::current_exe()?)
+        .args([n.to_string(), eps.to_string(), requests.to_string()])
+        .env("KP_BENCH_INNER", "1")
+        .status();
+    let _ = sh(&format!("ip netns del {ns}"));
+    anyhow::ensure!(st?.success(), "benchmark failed");
+    Ok(())
+}

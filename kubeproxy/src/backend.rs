@@ -1,0 +1,277 @@
+//! The thin I/O shells that apply the rendered rules: `iptables-restore --noflush`, `nft -f`,
+//! and (on kernels with `ip_vs`) IPVS. Each remembers what it applied last so the next sync
+//! writes only the difference; after a failure or at start it resyncs from what the kernel has.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context};
+
+use crate::iptables::{self, Config, Tables};
+use crate::model::ServicePort;
+use crate::{ipvs, nftables};
+
+/// The outcome of one sync.
+#[derive(Clone, Debug, Default)]
+pub struct SyncStats {
+    /// Rules (or map elements / real servers) in the desired state.
+    pub rules: usize,
+    /// Whether anything was written to the kernel.
+    pub wrote: bool,
+    /// Bytes of restore/script input written.
+    pub bytes: usize,
+}
+
+/// A proxy mode.
+pub trait Backend: Send {
+    fn name(&self) -> &'static str;
+    /// Make the kernel match `ports`.
+    fn sync(&mut self, ports: &[ServicePort]) -> anyhow::Result<SyncStats>;
+    /// Forget what was applied, so the next sync rewrites everything from the kernel's state.
+    fn invalidate(&mut self);
+}
+
+/// Run `program args` feeding `input` on stdin; fail with its stderr.
+pub fn run_with_input(program: &str, args: &[&str], input: &str) -> anyhow::Result<String> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {program}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).with_context(|| format!("writing to {program}"))?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("{program} {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    run_with_input(program, args, "")
+}
+
+/// iptables mode.
+pub struct Iptables {
+    pub cfg: Config,
+    applied: Option<Tables>,
+}
+
+impl Iptables {
+    pub fn new(cfg: Config) -> Self {
+        Iptables { cfg, applied: None }
+    }
+
+    /// What the kernel has now, as far as our chains go: their names with unknown content.
+    fn kernel_state() -> anyhow::Result<Tables> {
+        let mut t = Tables::default();
+        for c in iptables::owned_chains(&run("iptables-save", &["-t", "filter"])?) {
+            t.filter.insert(c, vec!["?".into()]);
+        }
+        for c in iptables::owned_chains(&run("iptables-save", &["-t", "nat"])?) {
+            t.nat.insert(c, vec!["?".into()]);
+        }
+        Ok(t)
+    }
+
+    fn ensure_jumps() -> anyhow::Result<()> {
+        for (table, chain, args) in iptables::jump_rules() {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut check = vec!["-w", "-t", table, "-C", chain];
+            check.extend(&a);
+            if run("iptables", &check).is_err() {
+                let mut insert = vec!["-w", "-t", table, "-I", chain, "1"];
+                insert.extend(&a);
+                run("iptables", &insert)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove the jump rules and every `KUBE-*` chain (`--cleanup`).
+    pub fn cleanup() -> anyhow::Result<()> {
+        for (table, chain, args) in iptables::jump_rules() {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut del = vec!["-w", "-t", table, "-D", chain];
+            del.extend(&a);
+            while run("iptables", &del).is_ok() {}
+        }
+        let filter = iptables::owned_chains(&run("iptables-save", &["-t", "filter"])?);
+        let nat = iptables::owned_chains(&run("iptables-save", &["-t", "nat"])?);
+        if filter.is_empty() && nat.is_empty() {
+            return Ok(());
+        }
+        run_with_input("iptables-restore", &["-w", "--noflush"], &iptables::cleanup_input(&filter, &nat))?;
+        Ok(())
+    }
+}
+
+impl Backend for Iptables {
+    fn name(&self) -> &'static str {
+        "iptables"
+    }
+
+    fn sync(&mut self, ports: &[ServicePort]) -> anyhow::Result<SyncStats> {
+        let desired = iptables::render(ports, &self.cfg);
+        let first = self.applied.is_none();
+        let applied = match self.applied.take() {
+            Some(a) => a,
+            None => Self::kernel_state()?,
+        };
+        let mut stats = SyncStats { rules: desired.rule_count(), ..Default::default() };
+        if let Some(input) = iptables::restore_input(&applied, &desired) {
+            stats.bytes = input.len();
+            stats.wrote = true;
+            // On failure `applied` stays None: the next sync starts from the kernel again.
+            run_with_input("iptables-restore", &["-w", "--noflush"], &input)?;
+        }
+        if first {
+            Self::ensure_jumps()?;
+        }
+        self.applied = Some(desired);
+        Ok(stats)
+    }
+
+    fn invalidate(&mut self) {
+        self.applied = None;
+    }
+}
+
+/// nftables mode.
+pub struct Nftables {
+    pub cfg: Config,
+    applied: Option<nftables::Ruleset>,
+}
+
+impl Nftables {
+    pub fn new(cfg: Config) -> Self {
+        Nftables { cfg, applied: None }
+    }
+
+    /// Remove the `kube-proxy` table (`--cleanup`).
+    pub fn cleanup() -> anyhow::Result<()> {
+        run_with_input("nft", &["-f", "-"], &nftables::cleanup_script())?;
+        Ok(())
+    }
+}
+
+impl Backend for Nftables {
+    fn name(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn sync(&mut self, ports: &[ServicePort]) -> anyhow::Result<SyncStats> {
+        let desired = nftables::render(ports, &self.cfg);
+        let applied = self.applied.take();
+        let mut stats = SyncStats { rules: desired.rule_count(), ..Default::default() };
+        if let Some(script) = nftables::script(applied.as_ref(), &desired, &self.cfg) {
+            stats.bytes = script.len();
+            stats.wrote = true;
+            run_with_input("nft", &["-f", "-"], &script)?;
+        }
+        self.applied = Some(desired);
+        Ok(stats)
+    }
+
+    fn invalidate(&mut self) {
+        self.applied = None;
+    }
+}
+
+/// IPVS mode: computes the operations; refuses to start without `ip_vs`.
+pub struct Ipvs {
+    node_ips: Vec<std::net::Ipv4Addr>,
+    scheduler: String,
+    applied: ipvs::State,
+}
+
+impl Ipvs {
+    pub fn new(node_ips: Vec<std::net::Ipv4Addr>, scheduler: String) -> anyhow::Result<Self> {
+        ipvs::check_kernel()?;
+        Ok(Ipvs { node_ips, scheduler, applied: ipvs::State::default() })
+    }
+}
+
+impl Backend for Ipvs {
+    fn name(&self) -> &'static str {
+        "ipvs"
+    }
+
+    fn sync(&mut self, ports: &[ServicePort]) -> anyhow::Result<SyncStats> {
+        let desired = ipvs::desired(ports, &self.node_ips, &self.scheduler);
+        let ops = ipvs::diff(&self.applied, &desired);
+        let messages: Vec<Vec<u8>> =
+            ops.iter().enumerate().filter_map(|(i, op)| crate::ipvs_netlink::encode(op, 0, i as u32)).collect();
+        // Sending them over a generic netlink socket is not implemented yet (no kernel with
+        // ip_vs here to test it on); `Ipvs::new` refuses to start without ip_vs anyway.
+        bail!(
+            "IPVS: {} operations ({} netlink messages) computed, but sending them to the kernel is not implemented",
+            ops.len(),
+            messages.len()
+        )
+    }
+
+    fn invalidate(&mut self) {
+        self.applied = ipvs::State::default();
+    }
+}
+
+/// The IPv4 addresses of this host (`ip -4 -o addr`), for `--nodeport-addresses` CIDRs.
+pub fn local_addresses() -> anyhow::Result<Vec<std::net::Ipv4Addr>> {
+    let out = run("ip", &["-4", "-o", "addr", "show"])?;
+    Ok(parse_ip_addr(&out))
+}
+
+/// Parse `ip -4 -o addr show` output into addresses.
+pub fn parse_ip_addr(out: &str) -> Vec<std::net::Ipv4Addr> {
+    let mut set = BTreeSet::new();
+    for line in out.lines() {
+        let mut it = line.split_whitespace();
+        while let Some(w) = it.next() {
+            if w == "inet" {
+                if let Some(ip) = it.next().and_then(|a| a.split('/').next()).and_then(|a| a.parse().ok()) {
+                    set.insert(ip);
+                }
+            }
+        }
+    }
+    set.into_iter().collect()
+}
+
+/// Whether `ip` is inside `cidr` (`a.b.c.d/n`).
+pub fn cidr_contains(cidr: &str, ip: std::net::Ipv4Addr) -> bool {
+    let (net, len) = cidr.split_once('/').unwrap_or((cidr, "32"));
+    let (Ok(net), Ok(len)) = (net.parse::<std::net::Ipv4Addr>(), len.parse::<u32>()) else { return false };
+    if len > 32 {
+        return false;
+    }
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    (u32::from(net) & mask) == (u32::from(ip) & mask)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ip_addr_output() {
+        let out = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n2: eth0    inet 192.168.1.10/24 brd 192.168.1.255 scope global eth0\n";
+        assert_eq!(
+            parse_ip_addr(out),
+            ["127.0.0.1".parse::<std::net::Ipv4Addr>().unwrap(), "192.168.1.10".parse().unwrap()]
+        );
+    }
+
+    #[test]
+    fn cidr_matching() {
+        assert!(cidr_contains("192.168.0.0/16", "192.168.4.1".parse().unwrap()));
+        assert!(!cidr_contains("192.168.0.0/16", "10.0.0.1".parse().unwrap()));
+        assert!(cidr_contains("0.0.0.0/0", "10.0.0.1".parse().unwrap()));
+        assert!(cidr_contains("127.0.0.1/32", "127.0.0.1".parse().unwrap()));
+        assert!(!cidr_contains("bogus", "127.0.0.1".parse().unwrap()));
+    }
+}

@@ -1,0 +1,343 @@
+//! The nginx Ingress controller: [`render`] turns Ingress objects (host, `Prefix`/`Exact`
+//! paths, default backend, IngressClass) into an nginx configuration whose upstreams are
+//! the backend Services' cluster IPs; [`run`] writes it and reloads nginx only when the
+//! rendered text changed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+
+pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
+pub const CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+
+/// Settings of the controller.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    pub dir: PathBuf,
+    pub class: String,
+    pub http_port: u16,
+    pub node_ip: Option<std::net::Ipv4Addr>,
+}
+
+/// Whether this controller serves `ing`: its class is ours, or it has none and ours is the default.
+pub fn serves(ing: &Ingress, class: &str, classes: &[IngressClass]) -> bool {
+    let named = ing
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.clone())
+        .or_else(|| ing.metadata.annotations.as_ref().and_then(|a| a.get(CLASS_ANNOTATION).cloned()));
+    match named {
+        Some(c) => c == class,
+        None => classes.iter().any(|c| {
+            c.metadata.name.as_deref() == Some(class)
+                && c.metadata.annotations.as_ref().and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION)).map(String::as_str)
+                    == Some("true")
+        }),
+    }
+}
+
+/// `http://<clusterIP>:<port>` of a backend, if its Service exists and has a cluster IP.
+fn upstream(b: &IngressBackend, ns: &str, services: &BTreeMap<(String, String), &Service>) -> Option<String> {
+    let sb = b.service.as_ref()?;
+    let svc = services.get(&(ns.to_string(), sb.name.clone()))?;
+    let spec = svc.spec.as_ref()?;
+    let ip = spec.cluster_ip.as_deref().filter(|ip| *ip != "None" && !ip.is_empty())?;
+    let port = sb.port.as_ref()?;
+    let number = match (port.number, port.name.as_deref()) {
+        (Some(n), _) => n,
+        (None, Some(name)) => spec.ports.iter().flatten().find(|p| p.name.as_deref() == Some(name))?.port,
+        _ => return None,
+    };
+    Some(format!("http://{ip}:{number}"))
+}
+
+fn location(out: &mut String, matcher: &str, target: Option<&str>) {
+    let _ = writeln!(out, "        location {matcher} {{");
+    match target {
+        Some(t) => {
+            let _ = writeln!(out, "            proxy_pass {t};");
+        }
+        None => {
+            let _ = writeln!(out, "            return 503;");
+        }
+    }
+    let _ = writeln!(out, "        }}");
+}
+
+/// The nginx configuration for the Ingresses this controller serves.
+pub fn render(ingresses: &[Ingress], services: &[Service], classes: &[IngressClass], cfg: &ControllerConfig) -> String {
+    let dir = cfg.dir.display();
+    let svc_map: BTreeMap<(String, String), &Service> = services
+        .iter()
+        .filter_map(|s| Some(((s.metadata.namespace.clone().unwrap_or_default(), s.metadata.name.clone()?), s)))
+        .collect();
+    let mut ings: Vec<&Ingress> = ingresses.iter().filter(|i| serves(i, &cfg.class, classes)).collect();
+    // Oldest first (by namespace/name for determinism): the first Ingress wins a host+path.
+    ings.sort_by_key(|i| (i.metadata.namespace.clone(), i.metadata.name.clone()));
+
+    // host → matcher → upstream
+    let mut hosts: BTreeMap<String, BTreeMap<String, Option<String>>> = BTreeMap::new();
+    let mut default_backend: Option<Option<String>> = None;
+    for ing in &ings {
+        let ns = ing.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let Some(spec) = ing.spec.as_ref() else { continue };
+        if let (None, Some(b)) = (&default_backend, spec.default_backend.as_ref()) {
+            default_backend = Some(upstream(b, &ns, &svc_map));
+        }
+        for rule in spec.rules.iter().flatten() {
+            let host = rule.host.clone().unwrap_or_else(|| "_".into());
+            let locs = hosts.entry(host).or_default();
+            for p in rule.http.as_ref().map(|h| h.paths.as_slice()).unwrap_or_default() {
+                let path = p.path.clone().unwrap_or_else(|| "/".into());
+                let target = upstream(&p.backend, &ns, &svc_map);
+                let exact = p.path_type == "Exact";
+                let trimmed = path.trim_end_matches('/');
+                let matchers: Vec<String> = if exact {
+                    vec![format!("= {path}")]
+                } else if trimmed.is_empty() {
+                    vec!["/".to_string()]
+                } else {
+                    // Prefix matches whole path elements: /web and /web/…, not /webx.
+                    vec![format!("= {trimmed}"), format!("{trimmed}/")]
+                };
+                for m in matchers {
+                    locs.entry(m).or_insert_with(|| target.clone());
+                }
+            }
+        }
+    }
+
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "# Rendered by kubeproxy's ingress controller; do not edit.\n\
+worker_processes 1;\n\
+pid {dir}/nginx.pid;\n\
+error_log {dir}/error.log;\n\
+events {{\n    worker_connections 1024;\n}}\n\
+http {{\n\
+    access_log {dir}/access.log;\n\
+    client_body_temp_path {dir}/client_body;\n\
+    proxy_temp_path {dir}/proxy;\n\
+    fastcgi_temp_path {dir}/fastcgi;\n\
+    uwsgi_temp_path {dir}/uwsgi;\n\
+    scgi_temp_path {dir}/scgi;\n\
+    proxy_set_header Host $host;\n\
+    proxy_set_header X-Real-IP $remote_addr;\n\
+    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
+    proxy_http_version 1.1;\n"
+    );
+    let port = cfg.http_port;
+    // The catch-all server: rules without a host, then the default backend, else 404.
+    let catch_all = hosts.remove("_").unwrap_or_default();
+    let _ = writeln!(out, "    server {{\n        listen {port} default_server;\n        server_name _;");
+    for (m, t) in &catch_all {
+        location(&mut out, m, t.as_deref());
+    }
+    if !catch_all.contains_key("/") {
+        match &default_backend {
+            Some(t) => location(&mut out, "/", t.as_deref()),
+            None => {
+                let _ = writeln!(out, "        location / {{\n            return 404;\n        }}");
+            }
+        }
+    }
+    let _ = writeln!(out, "    }}");
+    for (host, locs) in &hosts {
+        let _ = writeln!(out, "    server {{\n        listen {port};\n        server_name {host};");
+        for (m, t) in locs {
+            location(&mut out, m, t.as_deref());
+        }
+        if !locs.contains_key("/") {
+            match &default_backend {
+                Some(t) => location(&mut out, "/", t.as_deref()),
+                None => {
+                    let _ = writeln!(out, "        location / {{\n            return 404;\n        }}");
+                }
+            }
+        }
+        let _ = writeln!(out, "    }}");
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// Write `conf` if it differs from what is in `path`; true when it changed.
+pub fn write_if_changed(path: &Path, conf: &str) -> anyhow::Result<bool> {
+    if std::fs::read_to_string(path).ok().as_deref() == Some(conf) {
+        return Ok(false);
+    }
+    std::fs::write(path, conf)?;
+    Ok(true)
+}
+
+/// Run the controller: watch Ingresses, IngressClasses and Services; render; reload nginx.
+pub async fn run(client: Client, cfg: ControllerConfig) -> anyhow::Result<()> {
+    for sub in ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"] {
+        std::fs::create_dir_all(cfg.dir.join(sub))?;
+    }
+    let reloads = prometheus::IntCounter::new("kubeproxy_ingress_nginx_reloads_total", "nginx configuration reloads")?;
+    let _ = prometheus::register(Box::new(reloads.clone()));
+    let notify = Arc::new(Notify::new());
+    let ingresses = crate::proxier::cache::<Ingress>(&client, notify.clone());
+    let classes = crate::proxier::cache::<IngressClass>(&client, notify.clone());
+    let services = crate::proxier::cache::<Service>(&client, notify.clone());
+    ingresses.wait_until_ready().await?;
+    classes.wait_until_ready().await?;
+    services.wait_until_ready().await?;
+    let conf_path = cfg.dir.join("nginx.conf");
+    let mut nginx: Option<tokio::process::Child> = None;
+    let mut status_done: std::collections::BTreeSet<(String, String)> = Default::default();
+    loop {
+        let ings: Vec<Ingress> = ingresses.state().iter().map(|x| (**x).clone()).collect();
+        let cls: Vec<IngressClass> = classes.state().iter().map(|x| (**x).clone()).collect();
+        let svcs: Vec<Service> = services.state().iter().map(|x| (**x).clone()).collect();
+        let conf = render(&ings, &svcs, &cls, &cfg);
+        let changed = write_if_changed(&conf_path, &conf)?;
+        let running = match nginx.as_mut() {
+            Some(c) => c.try_wait().ok().flatten().is_none(),
+            None => false,
+        };
+        if !running {
+            let conf_s = conf_path.to_string_lossy().to_string();
+            match tokio::process::Command::new("nginx")
+                .args(["-c", &conf_s, "-g", "daemon off;"])
+                .kill_on_drop(true)
+                .spawn()
+            {
+                Ok(c) => {
+                    tracing::info!(config = %conf_s, "started nginx");
+                    nginx = Some(c);
+                }
+                Err(e) => tracing::error!(error = %e, "cannot start nginx"),
+            }
+        } else if changed {
+            let conf_s = conf_path.to_string_lossy().to_string();
+            let test = tokio::process::Command::new("nginx").args(["-t", "-q", "-c", &conf_s]).output().await?;
+            if test.status.success() {
+                let out = tokio::process::Command::new("nginx").args(["-c", &conf_s, "-s", "reload"]).output().await?;
+                if out.status.success() {
+                    reloads.inc();
+                    tracing::info!("reloaded nginx: configuration changed");
+                } else {
+                    tracing::error!(stderr = %String::from_utf8_lossy(&out.stderr), "nginx reload failed");
+                }
+            } else {
+                tracing::error!(stderr = %String::from_utf8_lossy(&test.stderr), "rendered nginx configuration is invalid; not reloading");
+            }
+        }
+        // Publish this node's address in the status of the Ingresses we serve.
+        if let Some(ip) = cfg.node_ip {
+            for ing in ings.iter().filter(|i| serves(i, &cfg.class, &cls)) {
+                let (Some(ns), Some(name)) = (ing.metadata.namespace.clone(), ing.metadata.name.clone()) else {
+                    continue;
+                };
+                let has = ing
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.load_balancer.as_ref())
+                    .and_then(|l| l.ingress.as_ref())
+                    .is_some_and(|v| v.iter().any(|x| x.ip.as_deref() == Some(&ip.to_string())));
+                if has || status_done.contains(&(ns.clone(), name.clone())) {
+                    continue;
+                }
+                let api: Api<Ingress> = Api::namespaced(client.clone(), &ns);
+                let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}}});
+                match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(ingress = %format!("{ns}/{name}"), error = %e, "cannot update Ingress status")
+                    }
+                }
+                status_done.insert((ns, name));
+            }
+        }
+        notify.notified().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::{simple_service, svc};
+    use serde_json::json;
+
+    fn cfg() -> ControllerConfig {
+        ControllerConfig { dir: "/run/kp".into(), class: "nginx".into(), http_port: 8080, node_ip: None }
+    }
+    fn ing(v: serde_json::Value) -> Ingress {
+        serde_json::from_value(v).unwrap()
+    }
+    fn myservice() -> Ingress {
+        ing(json!({"metadata": {"name": "my", "namespace": "default"},
+            "spec": {"ingressClassName": "nginx", "rules": [{"host": "myservice.com", "http": {"paths": [
+                {"path": "/web", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}},
+                {"path": "/other", "pathType": "Exact", "backend": {"service": {"name": "other", "port": {"name": "http"}}}}]}}]}}))
+    }
+
+    #[test]
+    fn host_and_paths_render_to_locations_with_cluster_ip_upstreams() {
+        let services = [simple_service("web", "10.96.0.10", 80), simple_service("other", "10.96.0.11", 8000)];
+        let conf = render(&[myservice()], &services, &[], &cfg());
+        assert!(conf.contains("server_name myservice.com;"));
+        assert!(conf.contains("listen 8080;"));
+        assert!(conf.contains("location = /web {\n            proxy_pass http://10.96.0.10:80;"));
+        assert!(conf.contains("location /web/ {\n            proxy_pass http://10.96.0.10:80;"));
+        assert!(conf.contains("location = /other {\n            proxy_pass http://10.96.0.11:8000;"), "{conf}");
+        assert!(conf.contains("pid /run/kp/nginx.pid;"));
+        // Unknown paths of that host: 404.
+        assert!(conf.contains("location / {\n            return 404;"));
+    }
+
+    #[test]
+    fn missing_service_gives_503_and_default_backend_is_used() {
+        let i = ing(json!({"metadata": {"name": "d", "namespace": "default"},
+            "spec": {"ingressClassName": "nginx", "defaultBackend": {"service": {"name": "web", "port": {"number": 80}}},
+                     "rules": [{"host": "a.com", "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                        "backend": {"service": {"name": "gone", "port": {"number": 80}}}}]}}]}}));
+        let conf = render(&[i], &[simple_service("web", "10.96.0.10", 80)], &[], &cfg());
+        assert!(conf.contains("server_name a.com;\n        location / {\n            return 503;"), "{conf}");
+        assert!(conf.contains("listen 8080 default_server;\n        server_name _;\n        location / {\n            proxy_pass http://10.96.0.10:80;"), "{conf}");
+    }
+
+    #[test]
+    fn ingress_class_selection() {
+        let mut other = myservice();
+        other.spec.as_mut().unwrap().ingress_class_name = Some("traefik".into());
+        assert!(!serves(&other, "nginx", &[]));
+        let mut none = myservice();
+        none.spec.as_mut().unwrap().ingress_class_name = None;
+        assert!(!serves(&none, "nginx", &[]));
+        let default: IngressClass = serde_json::from_value(json!({"metadata": {"name": "nginx",
+            "annotations": {"ingressclass.kubernetes.io/is-default-class": "true"}}, "spec": {"controller": "k8s.io/ingress-nginx"}})).unwrap();
+        assert!(serves(&none, "nginx", &[default]));
+        let mut annotated = none.clone();
+        annotated.metadata.annotations = Some([(CLASS_ANNOTATION.to_string(), "nginx".to_string())].into());
+        assert!(serves(&annotated, "nginx", &[]));
+        let conf = render(&[other], &[], &[], &cfg());
+        assert!(!conf.contains("myservice.com"));
+    }
+
+    #[test]
+    fn rendering_is_deterministic_and_write_detects_changes() {
+        let services = [
+            simple_service("web", "10.96.0.10", 80),
+            svc(json!({"metadata": {"name": "other", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.11", "ports": [{"name": "http", "port": 8000}]}})),
+        ];
+        let a = render(&[myservice()], &services, &[], &cfg());
+        assert_eq!(a, render(&[myservice()], &services, &[], &cfg()));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("nginx.conf");
+        assert!(write_if_changed(&p, &a).unwrap());
+        assert!(!write_if_changed(&p, &a).unwrap());
+        assert!(write_if_changed(&p, "x").unwrap());
+    }
+}

@@ -1,0 +1,17 @@
+//! MiniK8s' node proxy as a library: the pure rule computation ([`model`], [`iptables`],
+//! [`nftables`], [`ipvs`], [`dns`], [`ingress`]) and the thin shells that apply it
+//! ([`backend`], [`proxier`], [`sysctl`]). The `kubeproxy` binary wires them to flags; the
+//! benchmark (`examples/bench.rs`) drives them directly.
+
+pub mod backend;
+pub mod chains;
+pub mod conntrack;
+pub mod dns;
+pub mod ingress;
+pub mod iptables;
+pub mod ipvs;
+pub mod ipvs_netlink;
+pub mod model;
+pub mod nftables;
+pub mod proxier;
+pub mod sysctl;

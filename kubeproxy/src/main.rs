@@ -1,0 +1,275 @@
+//! `kubeproxy`: the MiniK8s node proxy. Programs Service virtual IPs and node ports
+//! (iptables, nftables or IPVS mode) from Services and EndpointSlices, and optionally
+//! serves cluster DNS and runs an nginx Ingress controller.
+
+use kubeproxy::{backend, dns, ingress, iptables, model, proxier, sysctl};
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+/// Command-line flags (Kubernetes' kube-proxy names where they exist).
+#[derive(Parser, Debug)]
+#[command(name = "kubeproxy", about = "MiniK8s node proxy: Service virtual IPs, node ports, cluster DNS, Ingress")]
+struct Args {
+    /// Path to a kubeconfig file.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The apiserver address (overrides the kubeconfig's).
+    #[arg(long, alias = "server")]
+    master: Option<String>,
+    /// The node name to use instead of the hostname.
+    #[arg(long)]
+    hostname_override: Option<String>,
+    /// Which proxy mode to use: iptables, nftables or ipvs.
+    #[arg(long, default_value = "iptables", value_parser = ["iptables", "nftables", "ipvs"])]
+    proxy_mode: String,
+    /// The CIDR range of the pods in the cluster; traffic from outside it to a cluster IP is masqueraded.
+    #[arg(long)]
+    cluster_cidr: Option<String>,
+    /// Comma-separated CIDRs of the node addresses that node ports answer on (default: all local addresses).
+    #[arg(long, value_delimiter = ',')]
+    nodeport_addresses: Vec<String>,
+    /// SNAT all traffic sent via Service cluster IPs.
+    #[arg(long)]
+    masquerade_all: bool,
+    /// Remove every rule this program may have created, then exit.
+    #[arg(long)]
+    cleanup: bool,
+    /// The minimum interval between rule syncs (debounce).
+    #[arg(long, alias = "nftables-min-sync-period", default_value = "1s", value_parser = parse_duration)]
+    iptables_min_sync_period: Duration,
+    /// The maximum interval between rule syncs.
+    #[arg(long, alias = "nftables-sync-period", default_value = "30s", value_parser = parse_duration)]
+    iptables_sync_period: Duration,
+    /// The IPVS scheduler.
+    #[arg(long, default_value = "rr")]
+    ipvs_scheduler: String,
+    /// Where /metrics (and /healthz) are served.
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    metrics_bind_address: SocketAddr,
+    /// Where /healthz (and /metrics) are served.
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    healthz_bind_address: SocketAddr,
+    /// Serve cluster DNS on this address (e.g. 0.0.0.0:53); off when absent.
+    #[arg(long)]
+    dns_bind_address: Option<SocketAddr>,
+    /// The cluster domain.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// Upstream DNS server for other names (default: the first nameserver of /etc/resolv.conf).
+    #[arg(long)]
+    dns_upstream: Option<SocketAddr>,
+    /// Run the nginx Ingress controller with its files in this directory; off when absent.
+    #[arg(long)]
+    ingress_dir: Option<PathBuf>,
+    /// The IngressClass this controller serves (also Ingresses without a class, when it is the default).
+    #[arg(long, default_value = "nginx")]
+    ingress_class: String,
+    /// The port nginx listens on.
+    #[arg(long, default_value_t = 80)]
+    ingress_http_port: u16,
+    /// This node's address: Ingress hosts resolve to it, and it is written to Ingress status.
+    #[arg(long)]
+    node_ip: Option<Ipv4Addr>,
+    /// Log level filter (RUST_LOG overrides).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map(|i| s.split_at(i)).unwrap_or((s, "s"));
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?}")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_lowercase()).unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    common::init_tracing(&args.log_level);
+    if let Err(e) = run(args).await {
+        tracing::error!("{e:#}");
+        eprintln!("kubeproxy: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    if args.cleanup {
+        // Like kube-proxy --cleanup: remove the rules of every mode.
+        // A mode whose tool is not installed has nothing to clean up.
+        let mut failed = Vec::new();
+        if which("iptables-restore").is_ok() {
+            if let Err(e) = backend::Iptables::cleanup() {
+                failed.push(format!("iptables: {e:#}"));
+            }
+        }
+        if which("nft").is_ok() {
+            if let Err(e) = backend::Nftables::cleanup() {
+                failed.push(format!("nftables: {e:#}"));
+            }
+        }
+        if !failed.is_empty() {
+            anyhow::bail!("cleanup failed: {}", failed.join("; "));
+        }
+        tracing::info!("removed all kube-proxy rules");
+        return Ok(());
+    }
+
+    let node_name = args.hostname_override.clone().unwrap_or_else(hostname);
+    let node = model::NodeInfo { name: node_name.clone() };
+
+    // Node-port addresses: local addresses inside the given CIDRs; none given = all.
+    let locals = backend::local_addresses().unwrap_or_default();
+    let nodeport_addresses: Vec<Ipv4Addr> =
+        if args.nodeport_addresses.is_empty() || args.nodeport_addresses.iter().any(|c| c == "0.0.0.0/0") {
+            Vec::new()
+        } else {
+            let v: Vec<Ipv4Addr> = locals
+                .iter()
+                .copied()
+                .filter(|ip| args.nodeport_addresses.iter().any(|c| backend::cidr_contains(c, *ip)))
+                .collect();
+            if v.is_empty() {
+                anyhow::bail!("--nodeport-addresses {:?} matches no local address", args.nodeport_addresses);
+            }
+            v
+        };
+    let cfg = iptables::Config {
+        cluster_cidr: args.cluster_cidr.clone(),
+        nodeport_addresses: nodeport_addresses.clone(),
+        masquerade_all: args.masquerade_all,
+    };
+    let backend: Box<dyn backend::Backend> = match args.proxy_mode.as_str() {
+        "ipvs" => Box::new(backend::Ipvs::new(
+            if nodeport_addresses.is_empty() { locals.clone() } else { nodeport_addresses.clone() },
+            args.ipvs_scheduler.clone(),
+        )?),
+        "nftables" => {
+            which("nft")?;
+            Box::new(backend::Nftables::new(cfg))
+        }
+        _ => {
+            which("iptables-restore")?;
+            Box::new(backend::Iptables::new(cfg))
+        }
+    };
+
+    for (s, outcome) in sysctl::apply(std::path::Path::new("/proc/sys"), &sysctl::wanted(&args.proxy_mode))? {
+        match outcome {
+            sysctl::Outcome::Changed { from } => {
+                tracing::info!(sysctl = s.name, from = %from, to = s.value, "changed sysctl")
+            }
+            sysctl::Outcome::Unchanged => tracing::info!(sysctl = s.name, value = s.value, "sysctl already set"),
+            sysctl::Outcome::Absent => {
+                tracing::info!(sysctl = s.name, "sysctl not present (module not loaded); skipped")
+            }
+        }
+    }
+
+    let client = common::client(args.kubeconfig.as_deref(), args.master.as_deref()).await?;
+    let registry = prometheus::Registry::new();
+    let metrics = proxier::Metrics::new(&registry)?;
+    let ready = common::Ready::default();
+    let bound = common::serve_health(args.metrics_bind_address, registry.clone(), ready.clone()).await?;
+    tracing::info!(address = %bound, "serving /metrics and /healthz");
+    if args.healthz_bind_address != args.metrics_bind_address {
+        let bound = common::serve_health(args.healthz_bind_address, registry.clone(), ready.clone()).await?;
+        tracing::info!(address = %bound, "serving /healthz");
+    }
+
+    if let Some(addr) = args.dns_bind_address {
+        let upstream = match args.dns_upstream {
+            Some(u) => Some(u),
+            None => dns::upstream_from_resolv_conf(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default()),
+        };
+        // An unspecified address means every local address, each bound on its own.
+        let addrs: Vec<SocketAddr> = if addr.ip().is_unspecified() && !locals.is_empty() {
+            locals.iter().map(|ip| SocketAddr::new((*ip).into(), addr.port())).collect()
+        } else {
+            vec![addr]
+        };
+        let bound = dns::Server::start(
+            client.clone(),
+            &addrs,
+            dns::Config { domain: args.cluster_domain.clone(), upstream, ingress_ip: args.node_ip },
+        )
+        .await?;
+        tracing::info!(addresses = ?bound, upstream = ?upstream, "serving cluster DNS");
+    }
+    if let Some(dir) = args.ingress_dir.clone() {
+        let ic = ingress::ControllerConfig {
+            dir,
+            class: args.ingress_class.clone(),
+            http_port: args.ingress_http_port,
+            node_ip: args.node_ip,
+        };
+        let client = client.clone();
+        tokio::spawn(async move {
+            if let Err(e) = ingress::run(client, ic).await {
+                tracing::error!(error = %format!("{e:#}"), "ingress controller stopped");
+            }
+        });
+    }
+
+    proxier::run(
+        client,
+        backend,
+        node,
+        proxier::LoopConfig { min_sync_period: args.iptables_min_sync_period, sync_period: args.iptables_sync_period },
+        metrics,
+        ready,
+    )
+    .await
+}
+
+fn which(program: &str) -> anyhow::Result<()> {
+    std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("{program} not found: it is needed for this proxy mode"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_like_kubernetes() {
+        assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("x").is_err());
+    }
+
+    #[test]
+    fn flags_parse() {
+        let a = Args::try_parse_from([
+            "kubeproxy",
+            "--proxy-mode",
+            "nftables",
+            "--nodeport-addresses",
+            "10.0.0.0/8,127.0.0.0/8",
+        ])
+        .unwrap();
+        assert_eq!(a.proxy_mode, "nftables");
+        assert_eq!(a.nodeport_addresses.len(), 2);
+        assert!(Args::try_parse_from(["kubeproxy", "--proxy-mode", "userspace"]).is_err());
+    }
+}

@@ -1,0 +1,424 @@
+//! What the proxy needs to know about Services and EndpointSlices, computed as a pure
+//! function of the API objects (Kubernetes' `ServicePortMap` + `EndpointsMap` +
+//! `CategorizeEndpoints`).
+//!
+//! [`service_ports`] turns Services and EndpointSlices into one [`ServicePort`] per
+//! (service, port) with the endpoints that cluster-internal and external traffic may use,
+//! after applying ready/serving/terminating rules and the traffic policies. Every proxy
+//! mode renders its rules from this list and nothing else.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// The label on an EndpointSlice naming its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// A Service with this label is served by another proxy, not this one.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Default session affinity timeout (seconds), as in Kubernetes.
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+
+/// Transport protocol of a service port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    pub fn parse(s: Option<&str>) -> Option<Protocol> {
+        match s.unwrap_or("TCP") {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+    /// Lower-case name as used by iptables/nftables (`tcp`).
+    pub fn lower(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+}
+
+/// `namespace/name:port` — Kubernetes' `ServicePortName`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePortName {
+    pub namespace: String,
+    pub name: String,
+    pub port: String,
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port.is_empty() {
+            write!(f, "{}/{}", self.namespace, self.name)
+        } else {
+            write!(f, "{}/{}:{}", self.namespace, self.name, self.port)
+        }
+    }
+}
+
+/// One backend of a service port.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Endpoint {
+    pub ip: Ipv4Addr,
+    pub port: u16,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    /// On this node (its `nodeName` is ours).
+    pub local: bool,
+}
+
+impl Endpoint {
+    /// `ip:port`, as used in chain-name hashes and DNAT targets.
+    pub fn addr(&self) -> String {
+        format!("{}:{}", self.ip, self.port)
+    }
+}
+
+/// Everything the rules of one service port depend on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    pub name: ServicePortName,
+    pub protocol: Protocol,
+    pub cluster_ip: Ipv4Addr,
+    pub port: u16,
+    pub node_port: Option<u16>,
+    /// `spec.externalIPs`.
+    pub external_ips: Vec<Ipv4Addr>,
+    /// `status.loadBalancer.ingress[].ip`.
+    pub load_balancer_ips: Vec<Ipv4Addr>,
+    /// `sessionAffinity: ClientIP` timeout in seconds.
+    pub affinity_timeout: Option<u32>,
+    pub internal_policy_local: bool,
+    pub external_policy_local: bool,
+    /// Every endpoint known for this port (deduplicated, sorted).
+    pub all_endpoints: Vec<Endpoint>,
+    /// The endpoints cluster-internal traffic goes to (after `internalTrafficPolicy`).
+    pub cluster_endpoints: Vec<Endpoint>,
+    /// The endpoints external traffic (node ports, external/LB IPs) goes to.
+    pub external_endpoints: Vec<Endpoint>,
+    /// Whether any endpoint exists at all (to tell "no endpoints" from "no local endpoints").
+    pub has_any_endpoint: bool,
+}
+
+impl ServicePort {
+    /// Has external destinations (node port, external IPs, load balancer IPs).
+    pub fn has_external(&self) -> bool {
+        self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+    }
+}
+
+/// Node facts the computation needs.
+#[derive(Clone, Debug, Default)]
+pub struct NodeInfo {
+    pub name: String,
+}
+
+/// Kubernetes' `CategorizeEndpoints` for one set of endpoints: ready ones, else
+/// serving-and-terminating ones (the fallback while a rollout drains).
+pub fn usable(endpoints: &[Endpoint], filter: impl Fn(&Endpoint) -> bool) -> Vec<Endpoint> {
+    let ready: Vec<Endpoint> = endpoints.iter().filter(|e| e.ready && filter(e)).cloned().collect();
+    if !ready.is_empty() {
+        return ready;
+    }
+    endpoints.iter().filter(|e| e.serving && e.terminating && filter(e)).cloned().collect()
+}
+
+/// The service ports the proxy must program, sorted by name and protocol.
+///
+/// Skips headless (`clusterIP: None`) and `ExternalName` services and non-IPv4 addresses.
+pub fn service_ports(services: &[Service], slices: &[EndpointSlice], node: &NodeInfo) -> Vec<ServicePort> {
+    // (namespace, service) -> slices
+    let mut by_service: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
+    for s in slices {
+        if s.address_type != "IPv4" {
+            continue;
+        }
+        let Some(svc) = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
+            continue;
+        };
+        let ns = s.metadata.namespace.clone().unwrap_or_default();
+        by_service.entry((ns, svc.clone())).or_default().push(s);
+    }
+    let mut out = Vec::new();
+    for svc in services {
+        let Some(spec) = svc.spec.as_ref() else { continue };
+        if spec.type_.as_deref() == Some("ExternalName") {
+            continue;
+        }
+        // Services handed to another proxy implementation are not ours (Kubernetes' label).
+        if svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
+            continue;
+        }
+        let Some(cluster_ip) = spec.cluster_ip.as_deref().and_then(|ip| ip.parse::<Ipv4Addr>().ok()) else {
+            continue; // headless, unallocated or IPv6
+        };
+        let namespace = svc.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let name = svc.metadata.name.clone().unwrap_or_default();
+        let external_ips: Vec<Ipv4Addr> = spec.external_ips.iter().flatten().filter_map(|ip| ip.parse().ok()).collect();
+        let load_balancer_ips: Vec<Ipv4Addr> = if spec.type_.as_deref() == Some("LoadBalancer") {
+            svc.status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip.as_deref().and_then(|ip| ip.parse().ok()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let affinity_timeout = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+            spec.session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .and_then(|t| u32::try_from(t).ok())
+                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT)
+        });
+        let node_port_type = matches!(spec.type_.as_deref(), Some("NodePort") | Some("LoadBalancer"));
+        let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+        let external_policy_local = spec.external_traffic_policy.as_deref() == Some("Local");
+        let empty = Vec::new();
+        let svc_slices = by_service.get(&(namespace.clone(), name.clone())).unwrap_or(&empty);
+        for p in spec.ports.iter().flatten() {
+            let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else { continue };
+            let Ok(port) = u16::try_from(p.port) else { continue };
+            let port_name = p.name.clone().unwrap_or_default();
+            let all_endpoints = endpoints_for(svc_slices, &port_name, protocol, node);
+            let cluster_endpoints = usable(&all_endpoints, |e| !internal_policy_local || e.local);
+            let external_endpoints = usable(&all_endpoints, |e| !external_policy_local || e.local);
+            let node_port =
+                if node_port_type { p.node_port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n != 0) } else { None };
+            out.push(ServicePort {
+                name: ServicePortName { namespace: namespace.clone(), name: name.clone(), port: port_name },
+                protocol,
+                cluster_ip,
+                port,
+                node_port,
+                external_ips: external_ips.clone(),
+                load_balancer_ips: load_balancer_ips.clone(),
+                affinity_timeout,
+                internal_policy_local,
+                external_policy_local,
+                has_any_endpoint: !all_endpoints.is_empty(),
+                all_endpoints,
+                cluster_endpoints,
+                external_endpoints,
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.name, a.protocol).cmp(&(&b.name, b.protocol)));
+    out
+}
+
+/// The endpoints of one service port across its slices, deduplicated by `ip:port`
+/// (a ready copy wins over a not-ready one), sorted.
+fn endpoints_for(slices: &[&EndpointSlice], port_name: &str, protocol: Protocol, node: &NodeInfo) -> Vec<Endpoint> {
+    let mut found: BTreeMap<(Ipv4Addr, u16), Endpoint> = BTreeMap::new();
+    for slice in slices {
+        let Some(port) = slice.ports.iter().flatten().find(|sp| {
+            sp.name.as_deref().unwrap_or("") == port_name && Protocol::parse(sp.protocol.as_deref()) == Some(protocol)
+        }) else {
+            continue;
+        };
+        let Some(port) = port.port.and_then(|p| u16::try_from(p).ok()) else { continue };
+        for ep in slice.endpoints.iter().flatten() {
+            let cond = ep.conditions.as_ref();
+            let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+            let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
+            let local = !node.name.is_empty() && ep.node_name.as_deref() == Some(node.name.as_str());
+            for addr in &ep.addresses {
+                let Ok(ip) = addr.parse::<Ipv4Addr>() else { continue };
+                let e = Endpoint { ip, port, ready, serving, terminating, local };
+                match found.get(&(ip, port)) {
+                    Some(old) if old.ready || !e.ready => {}
+                    _ => {
+                        found.insert((ip, port), e);
+                    }
+                }
+            }
+        }
+    }
+    found.into_values().collect()
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub fn svc(v: serde_json::Value) -> Service {
+        serde_json::from_value(v).unwrap()
+    }
+    pub fn slice(v: serde_json::Value) -> EndpointSlice {
+        serde_json::from_value(v).unwrap()
+    }
+    pub fn simple_service(name: &str, ip: &str, port: i32) -> Service {
+        svc(json!({"metadata": {"name": name, "namespace": "default"},
+            "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": port, "protocol": "TCP"}]}}))
+    }
+    pub fn simple_slice(svc_name: &str, ips: &[&str], port: i32) -> EndpointSlice {
+        let eps: Vec<_> = ips.iter().map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}})).collect();
+        slice(json!({"metadata": {"name": format!("{svc_name}-abc"), "namespace": "default",
+                "labels": {"kubernetes.io/service-name": svc_name}},
+            "addressType": "IPv4", "endpoints": eps, "ports": [{"name": "http", "port": port, "protocol": "TCP"}]}))
+    }
+    fn node() -> NodeInfo {
+        NodeInfo { name: "node-a".into() }
+    }
+
+    #[test]
+    fn cluster_ip_service_with_ready_endpoints() {
+        let ports = service_ports(
+            &[simple_service("web", "10.96.0.10", 80)],
+            &[simple_slice("web", &["10.244.0.3", "10.244.0.2"], 8080)],
+            &node(),
+        );
+        assert_eq!(ports.len(), 1);
+        let p = &ports[0];
+        assert_eq!(p.name.to_string(), "default/web:http");
+        assert_eq!(p.cluster_ip, "10.96.0.10".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(p.port, 80);
+        assert_eq!(p.node_port, None);
+        let addrs: Vec<_> = p.cluster_endpoints.iter().map(|e| e.addr()).collect();
+        assert_eq!(addrs, ["10.244.0.2:8080", "10.244.0.3:8080"]);
+        assert!(p.has_any_endpoint);
+    }
+
+    #[test]
+    fn headless_and_external_name_services_are_skipped() {
+        let headless = svc(json!({"metadata": {"name": "h", "namespace": "default"},
+            "spec": {"clusterIP": "None", "ports": [{"port": 80}]}}));
+        let en = svc(json!({"metadata": {"name": "e", "namespace": "default"},
+            "spec": {"type": "ExternalName", "externalName": "example.com"}}));
+        assert!(service_ports(&[headless, en], &[], &node()).is_empty());
+    }
+
+    #[test]
+    fn services_for_another_proxy_are_skipped() {
+        let mut s = simple_service("web", "10.96.0.10", 80);
+        s.metadata.labels = Some([(LABEL_SERVICE_PROXY_NAME.to_string(), "other".to_string())].into());
+        assert!(service_ports(&[s], &[], &node()).is_empty());
+    }
+
+    #[test]
+    fn service_without_endpoints_has_none() {
+        let ports = service_ports(&[simple_service("web", "10.96.0.10", 80)], &[], &node());
+        assert!(ports[0].cluster_endpoints.is_empty());
+        assert!(!ports[0].has_any_endpoint);
+    }
+
+    #[test]
+    fn not_ready_endpoints_are_excluded_and_terminating_are_a_fallback() {
+        let s = slice(json!({"metadata": {"name": "web-1", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": true}},
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": false, "serving": false}},
+                {"addresses": ["10.0.0.3"], "conditions": {"ready": false, "serving": true, "terminating": true}}],
+            "ports": [{"name": "http", "port": 80}]}));
+        let ports = service_ports(&[simple_service("web", "10.96.0.10", 80)], std::slice::from_ref(&s), &node());
+        let addrs: Vec<_> = ports[0].cluster_endpoints.iter().map(|e| e.ip.to_string()).collect();
+        assert_eq!(addrs, ["10.0.0.1"]);
+
+        // Without any ready endpoint, the serving+terminating one is used.
+        let mut s2 = s;
+        s2.endpoints.as_mut().unwrap().remove(0);
+        let ports = service_ports(&[simple_service("web", "10.96.0.10", 80)], &[s2], &node());
+        let addrs: Vec<_> = ports[0].cluster_endpoints.iter().map(|e| e.ip.to_string()).collect();
+        assert_eq!(addrs, ["10.0.0.3"]);
+    }
+
+    #[test]
+    fn endpoints_are_deduplicated_across_slices_and_unnamed_ports_match() {
+        let service = svc(json!({"metadata": {"name": "web", "namespace": "ns1"},
+            "spec": {"clusterIP": "10.96.0.11", "ports": [{"port": 80}]}}));
+        let mk = |n: &str, ips: &[&str]| {
+            slice(json!({"metadata": {"name": n, "namespace": "ns1", "labels": {"kubernetes.io/service-name": "web"}},
+                "addressType": "IPv4",
+                "endpoints": ips.iter().map(|i| json!({"addresses": [i]})).collect::<Vec<_>>(),
+                "ports": [{"port": 8080, "protocol": "TCP"}]}))
+        };
+        let ports = service_ports(&[service], &[mk("a", &["10.0.0.1", "10.0.0.2"]), mk("b", &["10.0.0.2"])], &node());
+        assert_eq!(ports[0].name.to_string(), "ns1/web");
+        assert_eq!(ports[0].cluster_endpoints.len(), 2);
+    }
+
+    #[test]
+    fn slices_of_other_namespaces_and_other_protocols_do_not_match() {
+        let mut other_ns = simple_slice("web", &["10.0.0.9"], 80);
+        other_ns.metadata.namespace = Some("other".into());
+        let mut udp = simple_slice("web", &["10.0.0.8"], 80);
+        udp.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
+        let ports = service_ports(&[simple_service("web", "10.96.0.10", 80)], &[other_ns, udp], &node());
+        assert!(ports[0].cluster_endpoints.is_empty());
+    }
+
+    #[test]
+    fn nodeport_external_ips_load_balancer_and_affinity() {
+        let s = svc(json!({"metadata": {"name": "lb", "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.20", "externalIPs": ["192.0.2.1"],
+                     "sessionAffinity": "ClientIP",
+                     "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053},
+                               {"name": "web", "port": 80, "nodePort": 30080}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}}));
+        let ports = service_ports(&[s], &[], &node());
+        assert_eq!(ports.len(), 2);
+        assert_eq!(ports[0].protocol, Protocol::Udp);
+        assert_eq!(ports[0].node_port, Some(30053));
+        assert_eq!(ports[1].node_port, Some(30080));
+        assert_eq!(ports[1].external_ips, ["192.0.2.1".parse::<Ipv4Addr>().unwrap()]);
+        assert_eq!(ports[1].load_balancer_ips, ["198.51.100.7".parse::<Ipv4Addr>().unwrap()]);
+        assert_eq!(ports[1].affinity_timeout, Some(DEFAULT_AFFINITY_TIMEOUT));
+        assert!(ports[1].has_external());
+    }
+
+    #[test]
+    fn cluster_ip_type_ignores_node_port_field() {
+        let s = svc(json!({"metadata": {"name": "c", "namespace": "default"},
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.21", "ports": [{"port": 80, "nodePort": 30001}]}}));
+        assert_eq!(service_ports(&[s], &[], &node())[0].node_port, None);
+    }
+
+    #[test]
+    fn traffic_policy_local_selects_local_endpoints() {
+        let s = svc(json!({"metadata": {"name": "web", "namespace": "default"},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.30", "internalTrafficPolicy": "Local",
+                     "externalTrafficPolicy": "Local", "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}}));
+        let sl = slice(json!({"metadata": {"name": "web-1", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.1"], "nodeName": "node-a"},
+                          {"addresses": ["10.0.0.2"], "nodeName": "node-b"}],
+            "ports": [{"name": "http", "port": 80}]}));
+        let ports = service_ports(std::slice::from_ref(&s), std::slice::from_ref(&sl), &node());
+        let p = &ports[0];
+        assert_eq!(p.all_endpoints.len(), 2);
+        assert_eq!(p.cluster_endpoints.iter().map(|e| e.ip.to_string()).collect::<Vec<_>>(), ["10.0.0.1"]);
+        assert_eq!(p.external_endpoints.iter().map(|e| e.ip.to_string()).collect::<Vec<_>>(), ["10.0.0.1"]);
+        // On a node without local endpoints, nothing is usable but endpoints exist.
+        let other = NodeInfo { name: "node-c".into() };
+        let p = &service_ports(&[s], &[sl], &other)[0];
+        assert!(p.cluster_endpoints.is_empty() && p.external_endpoints.is_empty());
+        assert!(p.has_any_endpoint);
+    }
+
+    #[test]
+    fn display_of_service_port_name() {
+        let n = ServicePortName { namespace: "a".into(), name: "b".into(), port: "".into() };
+        assert_eq!(n.to_string(), "a/b");
+    }
+}

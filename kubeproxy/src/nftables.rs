@@ -1,0 +1,449 @@
+//! nftables mode: one `ip kube-proxy` table whose verdict maps send service traffic to
+//! per-service chains, the way Kubernetes' nftables proxier lays it out:
+//! `service-ips` (cluster/external/LB IP . proto . port), `service-nodeports`
+//! (proto . port), `no-endpoint-services` / `no-endpoint-nodeports` (reject or drop), and
+//! chains `service-*`, `local-*`, `external-*`, `endpoint-*`.
+//!
+//! [`render`] computes the desired chains, map elements and affinity sets as data;
+//! [`script`] turns (applied, desired) into an `nft -f` transaction: the whole table on the
+//! first sync (atomically replacing whatever a previous run left), then only the changed
+//! chains, map elements and sets.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+
+use sha2::{Digest, Sha256};
+
+use crate::chains::base32_prefix;
+use crate::iptables::Config;
+use crate::model::{usable, Endpoint, ServicePort};
+
+pub const TABLE: &str = "kube-proxy";
+pub const MAP_SERVICE_IPS: &str = "service-ips";
+pub const MAP_SERVICE_NODEPORTS: &str = "service-nodeports";
+pub const MAP_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub const MAP_NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+
+/// The desired dynamic content of the table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ruleset {
+    /// chain → rules.
+    pub chains: BTreeMap<String, Vec<String>>,
+    /// map → key → verdict.
+    pub maps: BTreeMap<&'static str, BTreeMap<String, String>>,
+    /// affinity set → timeout (s).
+    pub sets: BTreeMap<String, u32>,
+}
+
+impl Ruleset {
+    pub fn rule_count(&self) -> usize {
+        self.chains.values().map(Vec::len).sum::<usize>() + self.maps.values().map(BTreeMap::len).sum::<usize>()
+    }
+}
+
+/// Kubernetes' `hashAndTruncate`: `HASH8-name`, at most 200 characters.
+fn hash_name(name: &str) -> String {
+    let digest = Sha256::digest(name.as_bytes());
+    let mut s = format!("{}-{name}", base32_prefix(&digest, 8));
+    if s.len() > 200 {
+        s.truncate(197);
+        s.push_str("...");
+    }
+    s
+}
+
+fn base(sp: &ServicePort) -> String {
+    format!("{}/{}/{}/{}", sp.name.namespace, sp.name.name, sp.protocol.lower(), sp.name.port)
+}
+pub fn service_chain(sp: &ServicePort) -> String {
+    format!("service-{}", hash_name(&base(sp)))
+}
+pub fn local_chain(sp: &ServicePort) -> String {
+    format!("local-{}", hash_name(&base(sp)))
+}
+pub fn external_chain(sp: &ServicePort) -> String {
+    format!("external-{}", hash_name(&base(sp)))
+}
+pub fn endpoint_chain(sp: &ServicePort, ep: &Endpoint) -> String {
+    format!("endpoint-{}", hash_name(&format!("{}__{}/{}", base(sp), ep.ip, ep.port)))
+}
+pub fn affinity_set(sp: &ServicePort, ep: &Endpoint) -> String {
+    format!("affinity-{}", hash_name(&format!("{}__{}/{}", base(sp), ep.ip, ep.port)))
+}
+
+/// The fixed part of the table: base chains hooked into netfilter, the maps, helpers.
+pub fn base_script(cfg: &Config) -> String {
+    let nodeport_match = if cfg.nodeport_addresses.is_empty() {
+        "fib daddr type local".to_string()
+    } else {
+        let ips: Vec<String> = cfg.nodeport_addresses.iter().map(Ipv4Addr::to_string).collect();
+        format!("ip daddr {{ {} }}", ips.join(", "))
+    };
+    format!(
+        r#"table ip {TABLE} {{
+	comment "rules for kube-proxy"
+	map {MAP_SERVICE_IPS} {{ type ipv4_addr . inet_proto . inet_service : verdict ; comment "ClusterIP, ExternalIP and LoadBalancer IP traffic" ; }}
+	map {MAP_SERVICE_NODEPORTS} {{ type inet_proto . inet_service : verdict ; comment "NodePort traffic" ; }}
+	map {MAP_NO_ENDPOINT_SERVICES} {{ type ipv4_addr . inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to services with no endpoints" ; }}
+	map {MAP_NO_ENDPOINT_NODEPORTS} {{ type inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to service nodeports with no endpoints" ; }}
+	chain mark-for-masquerade {{
+		meta mark set meta mark | 0x4000
+	}}
+	chain masquerading {{
+		meta mark & 0x4000 == 0 return
+		meta mark set meta mark ^ 0x4000
+		masquerade fully-random
+	}}
+	chain reject-chain {{
+		comment "helper for @no-endpoint-services / @no-endpoint-nodeports"
+		reject
+	}}
+	chain services {{
+		ip daddr . meta l4proto . th dport vmap @{MAP_SERVICE_IPS}
+		{nodeport_match} meta l4proto . th dport vmap @{MAP_SERVICE_NODEPORTS}
+	}}
+	chain service-endpoints-check {{
+		ip daddr . meta l4proto . th dport vmap @{MAP_NO_ENDPOINT_SERVICES}
+		{nodeport_match} meta l4proto . th dport vmap @{MAP_NO_ENDPOINT_NODEPORTS}
+	}}
+	chain nat-prerouting {{
+		type nat hook prerouting priority dstnat; policy accept;
+		jump services
+	}}
+	chain nat-output {{
+		type nat hook output priority -100; policy accept;
+		jump services
+	}}
+	chain nat-postrouting {{
+		type nat hook postrouting priority srcnat; policy accept;
+		jump masquerading
+	}}
+	chain filter-input {{
+		type filter hook input priority -110; policy accept;
+		ct state new jump service-endpoints-check
+	}}
+	chain filter-forward {{
+		type filter hook forward priority -110; policy accept;
+		ct state new jump service-endpoints-check
+	}}
+	chain filter-output {{
+		type filter hook output priority -110; policy accept;
+		ct state new jump service-endpoints-check
+	}}
+}}
+"#
+    )
+}
+
+/// The desired chains, map elements and sets for `ports`.
+pub fn render(ports: &[ServicePort], cfg: &Config) -> Ruleset {
+    let mut rs = Ruleset::default();
+    for m in [MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS, MAP_NO_ENDPOINT_SERVICES, MAP_NO_ENDPOINT_NODEPORTS] {
+        rs.maps.insert(m, BTreeMap::new());
+    }
+    for sp in ports {
+        let proto = sp.protocol.lower();
+        let svc = service_chain(sp);
+        let local = local_chain(sp);
+        let ext = external_chain(sp);
+        let uses_cluster_chain = !sp.internal_policy_local || (sp.has_external() && !sp.external_policy_local);
+        let uses_local_chain = sp.internal_policy_local || (sp.has_external() && sp.external_policy_local);
+        let cluster_eps = usable(&sp.all_endpoints, |_| true);
+        let local_eps = usable(&sp.all_endpoints, |e| e.local);
+        let reject = |policy_local: bool| {
+            if policy_local && sp.has_any_endpoint {
+                "drop".to_string()
+            } else {
+                "goto reject-chain".to_string()
+            }
+        };
+
+        let cip_key = format!("{} . {proto} . {}", sp.cluster_ip, sp.port);
+        if !sp.cluster_endpoints.is_empty() {
+            let target = if sp.internal_policy_local { &local } else { &svc };
+            rs.maps.entry(MAP_SERVICE_IPS).or_default().insert(cip_key, format!("goto {target}"));
+        } else {
+            rs.maps.entry(MAP_NO_ENDPOINT_SERVICES).or_default().insert(cip_key, reject(sp.internal_policy_local));
+        }
+
+        if sp.has_external() {
+            let ext_keys: Vec<String> = sp
+                .external_ips
+                .iter()
+                .chain(&sp.load_balancer_ips)
+                .map(|ip| format!("{ip} . {proto} . {}", sp.port))
+                .collect();
+            let np_key = sp.node_port.map(|np| format!("{proto} . {np}"));
+            if !sp.external_endpoints.is_empty() {
+                for k in ext_keys {
+                    rs.maps.entry(MAP_SERVICE_IPS).or_default().insert(k, format!("goto {ext}"));
+                }
+                if let Some(k) = np_key {
+                    rs.maps.entry(MAP_SERVICE_NODEPORTS).or_default().insert(k, format!("goto {ext}"));
+                }
+                let mut r = Vec::new();
+                if sp.external_policy_local {
+                    let cluster_target = if uses_cluster_chain { &svc } else { &local };
+                    if let Some(cidr) = &cfg.cluster_cidr {
+                        r.push(format!("ip saddr {cidr} goto {cluster_target}"));
+                    }
+                    r.push("fib saddr type local jump mark-for-masquerade".to_string());
+                    r.push(format!("fib saddr type local goto {cluster_target}"));
+                    r.push(format!("goto {local}"));
+                } else {
+                    r.push("jump mark-for-masquerade".to_string());
+                    r.push(format!("goto {svc}"));
+                }
+                rs.chains.insert(ext, r);
+            } else {
+                let verdict = reject(sp.external_policy_local);
+                for k in ext_keys {
+                    rs.maps.entry(MAP_NO_ENDPOINT_SERVICES).or_default().insert(k, verdict.clone());
+                }
+                if let Some(k) = np_key {
+                    rs.maps.entry(MAP_NO_ENDPOINT_NODEPORTS).or_default().insert(k, verdict.clone());
+                }
+            }
+        }
+
+        if uses_cluster_chain && !cluster_eps.is_empty() {
+            let mut r = Vec::new();
+            if cfg.masquerade_all {
+                r.push(format!("ip daddr {} {proto} dport {} jump mark-for-masquerade", sp.cluster_ip, sp.port));
+            } else if let Some(cidr) = &cfg.cluster_cidr {
+                r.push(format!(
+                    "ip daddr {} {proto} dport {} ip saddr != {cidr} jump mark-for-masquerade",
+                    sp.cluster_ip, sp.port
+                ));
+            }
+            r.extend(lb_rules(sp, &cluster_eps));
+            rs.chains.insert(svc.clone(), r);
+        }
+        if uses_local_chain && !local_eps.is_empty() {
+            rs.chains.insert(local.clone(), lb_rules(sp, &local_eps));
+        }
+        let mut eps: BTreeSet<&Endpoint> = BTreeSet::new();
+        if uses_cluster_chain {
+            eps.extend(cluster_eps.iter());
+        }
+        if uses_local_chain {
+            eps.extend(local_eps.iter());
+        }
+        for ep in eps {
+            let mut r = vec![format!("ip saddr {} jump mark-for-masquerade", ep.ip)];
+            if let Some(timeout) = sp.affinity_timeout {
+                let set = affinity_set(sp, ep);
+                r.push(format!("update @{set} {{ ip saddr }}"));
+                rs.sets.insert(set, timeout);
+            }
+            r.push(format!("meta l4proto {proto} dnat to {}", ep.addr()));
+            rs.chains.insert(endpoint_chain(sp, ep), r);
+        }
+    }
+    rs
+}
+
+fn lb_rules(sp: &ServicePort, eps: &[Endpoint]) -> Vec<String> {
+    let mut r = Vec::new();
+    if sp.affinity_timeout.is_some() {
+        for ep in eps {
+            r.push(format!("ip saddr @{} goto {}", affinity_set(sp, ep), endpoint_chain(sp, ep)));
+        }
+    }
+    let arms: Vec<String> =
+        eps.iter().enumerate().map(|(i, ep)| format!("{i} : goto {}", endpoint_chain(sp, ep))).collect();
+    r.push(format!("numgen random mod {} vmap {{ {} }}", eps.len(), arms.join(" , ")));
+    r
+}
+
+/// The `nft -f` transaction from `applied` (None: unknown, e.g. at start) to `desired`.
+/// `None` when nothing changed.
+pub fn script(applied: Option<&Ruleset>, desired: &Ruleset, cfg: &Config) -> Option<String> {
+    let t = format!("ip {TABLE}");
+    let mut out = String::new();
+    let empty = Ruleset::default();
+    let old = match applied {
+        Some(a) => a,
+        None => {
+            // Replace whatever is there in one transaction.
+            let _ = writeln!(out, "add table {t}\ndelete table {t}");
+            out.push_str(&base_script(cfg));
+            &empty
+        }
+    };
+    // New sets and chains first, so rules and map elements can reference them.
+    for (set, timeout) in &desired.sets {
+        // (A changed timeout keeps the old set: sets cannot be redefined in place.)
+        if !old.sets.contains_key(set) {
+            let _ =
+                writeln!(out, "add set {t} {set} {{ type ipv4_addr ; flags dynamic,timeout ; timeout {timeout}s ; }}");
+        }
+    }
+    for chain in desired.chains.keys() {
+        if !old.chains.contains_key(chain) {
+            let _ = writeln!(out, "add chain {t} {chain}");
+        }
+    }
+    for (chain, rules) in &desired.chains {
+        match old.chains.get(chain) {
+            Some(r) if r == rules => {}
+            existing => {
+                if existing.is_some() {
+                    let _ = writeln!(out, "flush chain {t} {chain}");
+                }
+                for rule in rules {
+                    let _ = writeln!(out, "add rule {t} {chain} {rule}");
+                }
+            }
+        }
+    }
+    for (map, elems) in &desired.maps {
+        let old_elems = old.maps.get(map);
+        for (k, v) in old_elems.into_iter().flatten() {
+            if elems.get(k) != Some(v) {
+                let _ = writeln!(out, "delete element {t} {map} {{ {k} }}");
+            }
+        }
+        for (k, v) in elems {
+            if old_elems.and_then(|o| o.get(k)) != Some(v) {
+                let _ = writeln!(out, "add element {t} {map} {{ {k} : {v} }}");
+            }
+        }
+    }
+    // Then what vanished: flush all stale chains before deleting any (they may reference each other).
+    let stale: Vec<&String> = old.chains.keys().filter(|c| !desired.chains.contains_key(*c)).collect();
+    for chain in &stale {
+        let _ = writeln!(out, "flush chain {t} {chain}");
+    }
+    for chain in &stale {
+        let _ = writeln!(out, "delete chain {t} {chain}");
+    }
+    for set in old.sets.keys() {
+        if !desired.sets.contains_key(set) {
+            let _ = writeln!(out, "delete set {t} {set}");
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// The transaction that removes the table (`--cleanup`); harmless when it is absent.
+pub fn cleanup_script() -> String {
+    format!("add table ip {TABLE}\ndelete table ip {TABLE}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::{simple_service, simple_slice, svc};
+    use crate::model::{service_ports, NodeInfo};
+    use serde_json::json;
+
+    fn node() -> NodeInfo {
+        NodeInfo { name: "node-a".into() }
+    }
+    fn cfg() -> Config {
+        Config { cluster_cidr: Some("10.244.0.0/16".into()), ..Default::default() }
+    }
+
+    #[test]
+    fn cluster_ip_goes_through_the_service_ips_map_to_a_numgen_vmap() {
+        let ports = service_ports(
+            &[simple_service("web", "10.96.0.10", 80)],
+            &[simple_slice("web", &["10.244.1.1", "10.244.1.2"], 8080)],
+            &node(),
+        );
+        let rs = render(&ports, &cfg());
+        let svc = service_chain(&ports[0]);
+        assert!(svc.starts_with("service-") && svc.ends_with("-default/web/tcp/http"), "{svc}");
+        assert_eq!(rs.maps[MAP_SERVICE_IPS]["10.96.0.10 . tcp . 80"], format!("goto {svc}"));
+        let rules = &rs.chains[&svc];
+        assert_eq!(rules[0], "ip daddr 10.96.0.10 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade");
+        assert!(rules[1].starts_with("numgen random mod 2 vmap { 0 : goto endpoint-"));
+        let eps: Vec<_> = rs.chains.iter().filter(|(c, _)| c.starts_with("endpoint-")).collect();
+        assert_eq!(eps.len(), 2);
+        assert!(eps.iter().any(|(_, r)| r.last().unwrap() == "meta l4proto tcp dnat to 10.244.1.2:8080"));
+    }
+
+    #[test]
+    fn empty_service_rejects_and_nodeports_map() {
+        let s = svc(json!({"metadata": {"name": "web", "namespace": "default"},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}}));
+        let rs = render(&service_ports(std::slice::from_ref(&s), &[], &node()), &cfg());
+        assert_eq!(rs.maps[MAP_NO_ENDPOINT_SERVICES]["10.96.0.10 . tcp . 80"], "goto reject-chain");
+        assert_eq!(rs.maps[MAP_NO_ENDPOINT_NODEPORTS]["tcp . 30080"], "goto reject-chain");
+        assert!(rs.chains.is_empty());
+
+        let ports = service_ports(&[s], &[simple_slice("web", &["10.244.1.1"], 80)], &node());
+        let rs = render(&ports, &cfg());
+        let ext = external_chain(&ports[0]);
+        assert_eq!(rs.maps[MAP_SERVICE_NODEPORTS]["tcp . 30080"], format!("goto {ext}"));
+        assert_eq!(
+            rs.chains[&ext],
+            ["jump mark-for-masquerade".to_string(), format!("goto {}", service_chain(&ports[0]))]
+        );
+        assert!(rs.maps[MAP_NO_ENDPOINT_NODEPORTS].is_empty());
+    }
+
+    #[test]
+    fn affinity_uses_dynamic_sets() {
+        let s = svc(json!({"metadata": {"name": "web", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.10", "sessionAffinity": "ClientIP", "ports": [{"name": "http", "port": 80}]}}));
+        let ports = service_ports(&[s], &[simple_slice("web", &["10.244.1.1"], 80)], &node());
+        let rs = render(&ports, &cfg());
+        assert_eq!(rs.sets.len(), 1);
+        assert_eq!(*rs.sets.values().next().unwrap(), 10800);
+        let svc = &rs.chains[&service_chain(&ports[0])];
+        assert!(svc[1].starts_with("ip saddr @affinity-"));
+        let full = script(None, &rs, &cfg()).unwrap();
+        assert!(full.contains("flags dynamic,timeout ; timeout 10800s"));
+    }
+
+    #[test]
+    fn first_script_replaces_the_table_then_updates_are_incremental() {
+        let svcs = [simple_service("a", "10.96.0.1", 80), simple_service("b", "10.96.0.2", 80)];
+        let one = render(
+            &service_ports(
+                &svcs,
+                &[simple_slice("a", &["10.0.0.1"], 80), simple_slice("b", &["10.0.0.2"], 80)],
+                &node(),
+            ),
+            &cfg(),
+        );
+        let full = script(None, &one, &cfg()).unwrap();
+        assert!(full.starts_with("add table ip kube-proxy\ndelete table ip kube-proxy\ntable ip kube-proxy {"));
+        assert!(script(Some(&one), &one, &cfg()).is_none());
+
+        // b loses its endpoint: its map element moves to no-endpoint-services, its chains go.
+        let two = render(&service_ports(&svcs, &[simple_slice("a", &["10.0.0.1"], 80)], &node()), &cfg());
+        let inc = script(Some(&one), &two, &cfg()).unwrap();
+        assert!(!inc.contains("table ip kube-proxy {"));
+        assert!(inc.contains("delete element ip kube-proxy service-ips { 10.96.0.2 . tcp . 80 }"));
+        assert!(
+            inc.contains("add element ip kube-proxy no-endpoint-services { 10.96.0.2 . tcp . 80 : goto reject-chain }")
+        );
+        assert!(inc.contains("delete chain ip kube-proxy service-"));
+        assert!(!inc.contains("-default/a/"), "a untouched:\n{inc}");
+        let del = inc.find("delete element ip kube-proxy service-ips").unwrap();
+        assert!(del < inc.find("delete chain").unwrap(), "map elements go before the chains they point to");
+    }
+
+    #[test]
+    fn external_policy_local_and_no_local_endpoints_drop() {
+        let s = svc(json!({"metadata": {"name": "web", "namespace": "default"},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.10", "externalTrafficPolicy": "Local",
+                     "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}}));
+        let mut sl = simple_slice("web", &["10.244.1.1"], 80);
+        sl.endpoints.as_mut().unwrap()[0].node_name = Some("node-b".into());
+        let rs = render(&service_ports(&[s], &[sl], &node()), &cfg());
+        assert_eq!(rs.maps[MAP_NO_ENDPOINT_NODEPORTS]["tcp . 30080"], "drop");
+        assert!(rs.maps[MAP_SERVICE_IPS].contains_key("10.96.0.10 . tcp . 80"), "cluster traffic still served");
+    }
+
+    #[test]
+    fn nodeport_addresses_in_base_script() {
+        let c = Config { nodeport_addresses: vec!["192.168.1.10".parse().unwrap()], ..cfg() };
+        assert!(base_script(&c).contains("ip daddr { 192.168.1.10 } meta l4proto . th dport vmap @service-nodeports"));
+        assert!(base_script(&cfg()).contains("fib daddr type local meta l4proto . th dport vmap @service-nodeports"));
+    }
+}

@@ -1,0 +1,157 @@
+//! The sync loop: reflectors for Services and EndpointSlices feed a debounced loop that
+//! recomputes the service ports and hands them to the backend — at most once per
+//! `--iptables-min-sync-period`, at least once per `--iptables-sync-period`, like
+//! Kubernetes' `BoundedFrequencyRunner`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+use crate::backend::Backend;
+use crate::model::{service_ports, NodeInfo};
+
+/// A reflector-backed cache of one kind, notifying `notify` on every change.
+pub fn cache<K>(client: &Client, notify: Arc<Notify>) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store::<K>();
+    let api: Api<K> = Api::all(client.clone());
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => notify.notify_one(),
+                Err(e) => tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying"),
+            }
+        }
+    });
+    reader
+}
+
+/// Prometheus metrics of the sync loop (Kubernetes' names).
+#[derive(Clone)]
+pub struct Metrics {
+    pub sync_duration: Histogram,
+    pub last_sync: IntGauge,
+    pub rules: IntGauge,
+    pub sync_errors: IntCounter,
+}
+
+impl Metrics {
+    pub fn new(registry: &Registry) -> anyhow::Result<Self> {
+        let m = Metrics {
+            sync_duration: Histogram::with_opts(
+                HistogramOpts::new("kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds")
+                    .buckets(prometheus::exponential_buckets(0.001, 2.0, 16)?),
+            )?,
+            last_sync: IntGauge::new(
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                "The last time proxy rules were successfully synced",
+            )?,
+            rules: IntGauge::new(
+                "kubeproxy_sync_proxy_rules_total",
+                "Number of proxy rules (or map elements) programmed",
+            )?,
+            sync_errors: IntCounter::new("kubeproxy_sync_proxy_rules_errors_total", "Failed syncs")?,
+        };
+        registry.register(Box::new(m.sync_duration.clone()))?;
+        registry.register(Box::new(m.last_sync.clone()))?;
+        registry.register(Box::new(m.rules.clone()))?;
+        registry.register(Box::new(m.sync_errors.clone()))?;
+        Ok(m)
+    }
+}
+
+/// Settings of the loop.
+pub struct LoopConfig {
+    pub min_sync_period: Duration,
+    pub sync_period: Duration,
+}
+
+/// Run the proxy until the process ends.
+pub async fn run(
+    client: Client,
+    mut backend: Box<dyn Backend>,
+    node: NodeInfo,
+    cfg: LoopConfig,
+    metrics: Metrics,
+    ready: common::Ready,
+) -> anyhow::Result<()> {
+    let notify = Arc::new(Notify::new());
+    let services: Store<Service> = cache(&client, notify.clone());
+    let slices: Store<EndpointSlice> = cache(&client, notify.clone());
+    services.wait_until_ready().await?;
+    slices.wait_until_ready().await?;
+    tracing::info!(mode = backend.name(), node = %node.name, "caches synced; programming rules");
+    let mut last_sync: Option<Instant> = None;
+    let mut last_ports = Vec::new();
+    let mut conntrack_missing_logged = false;
+    loop {
+        // Bounded frequency: not more often than min_sync_period.
+        if let Some(last) = last_sync {
+            let since = last.elapsed();
+            if since < cfg.min_sync_period {
+                tokio::time::sleep(cfg.min_sync_period - since).await;
+            }
+        }
+        let svcs: Vec<Service> = services.state().iter().map(|s| (**s).clone()).collect();
+        let eps: Vec<EndpointSlice> = slices.state().iter().map(|s| (**s).clone()).collect();
+        let start = Instant::now();
+        let ports = service_ports(&svcs, &eps, &node);
+        let result = tokio::task::block_in_place(|| backend.sync(&ports));
+        let took = start.elapsed();
+        last_sync = Some(Instant::now());
+        match result {
+            Ok(stats) => {
+                metrics.sync_duration.observe(took.as_secs_f64());
+                metrics.rules.set(stats.rules as i64);
+                metrics.last_sync.set(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs() as i64)
+                        .unwrap_or(0),
+                );
+                if stats.wrote {
+                    tracing::info!(services = svcs.len(), ports = ports.len(), rules = stats.rules, bytes = stats.bytes, elapsed = ?took, "synced proxy rules");
+                } else {
+                    tracing::debug!(elapsed = ?took, "proxy rules unchanged");
+                }
+                ready.set(true);
+                // After the rules changed: drop UDP flows pinned to what is gone.
+                let stale = crate::conntrack::stale_entries(&last_ports, &ports);
+                if !stale.is_empty() {
+                    if let Err(e) = tokio::task::block_in_place(|| crate::conntrack::delete(&stale)) {
+                        if !conntrack_missing_logged {
+                            tracing::warn!(error = %e, "cannot clear stale UDP conntrack entries (is the conntrack tool installed?)");
+                            conntrack_missing_logged = true;
+                        }
+                    }
+                }
+                last_ports = ports;
+            }
+            Err(e) => {
+                metrics.sync_errors.inc();
+                tracing::error!(error = %format!("{e:#}"), "sync failed; will resync from the kernel's state");
+                backend.invalidate();
+                // Retry soon rather than at the next change or period.
+                tokio::time::sleep(cfg.min_sync_period.max(Duration::from_secs(1))).await;
+                continue;
+            }
+        }
+        tokio::select! {
+            _ = notify.notified() => {}
+            _ = tokio::time::sleep(cfg.sync_period) => {}
+        }
+    }
+}

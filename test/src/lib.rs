@@ -6,6 +6,8 @@ pub mod scheduler;
 
 pub mod kubeproxy;
 
+pub mod kubelet;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,217 @@
+//! The kubelet's shared state and the pod manager: the watch on this node's pods, one
+//! worker task per pod UID, and the dispatch of watch changes, PLEG events and probe
+//! results to those workers.
+
+use std::collections::{HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+use crate::network::Cidr;
+use crate::probes::ResultMap;
+use crate::runtime::{ContainerRecord, Runtime};
+
+pub struct Kubelet {
+    pub client: kube::Client,
+    pub rt: Arc<Runtime>,
+    pub node: String,
+    pub node_ip: String,
+    pub root_dir: PathBuf,
+    pub pause_image: String,
+    pub pod_cidr: Mutex<Option<Cidr>>,
+    /// The node's bridge once created.
+    pub bridge: tokio::sync::Mutex<Option<String>>,
+    /// This node's pods by UID, as the watch last saw them.
+    pub pods: Mutex<HashMap<String, Pod>>,
+    /// The first full list of pods arrived: a pod absent from `pods` is really gone.
+    pub pods_synced: AtomicBool,
+    workers: Mutex<HashMap<String, mpsc::UnboundedSender<()>>>,
+    pub probe_results: ResultMap,
+    /// Pod IPs in use; filled from the pause containers' labels on first use, so it
+    /// survives restarts.
+    pub ips: tokio::sync::Mutex<Option<HashSet<Ipv4Addr>>>,
+    pub metrics: Metrics,
+    pub events: crate::events::Events,
+}
+
+impl Kubelet {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: kube::Client,
+        rt: Arc<Runtime>,
+        node: String,
+        node_ip: String,
+        root_dir: PathBuf,
+        pause_image: String,
+        pod_cidr: Option<Cidr>,
+        metrics: Metrics,
+    ) -> Arc<Kubelet> {
+        let events = crate::events::Events::new(client.clone(), &node);
+        Arc::new(Kubelet {
+            events,
+            client,
+            rt,
+            node,
+            node_ip,
+            root_dir,
+            pause_image,
+            pod_cidr: Mutex::new(pod_cidr),
+            bridge: tokio::sync::Mutex::new(None),
+            pods: Mutex::new(HashMap::new()),
+            pods_synced: AtomicBool::new(false),
+            workers: Mutex::new(HashMap::new()),
+            probe_results: Default::default(),
+            ips: tokio::sync::Mutex::new(None),
+            metrics,
+        })
+    }
+
+    pub fn pod(&self, uid: &str) -> Option<Pod> {
+        self.pods.lock().ok().and_then(|p| p.get(uid).cloned())
+    }
+
+    pub fn synced(&self) -> bool {
+        self.pods_synced.load(Ordering::SeqCst)
+    }
+
+    pub fn cidr(&self) -> Option<Cidr> {
+        self.pod_cidr.lock().ok().and_then(|c| *c)
+    }
+
+    /// Reserve a free pod IP of `cidr`.
+    pub async fn allocate_ip(&self, cidr: &Cidr) -> anyhow::Result<Ipv4Addr> {
+        let mut ips = self.ips.lock().await;
+        if ips.is_none() {
+            let used = self
+                .rt
+                .list(None)
+                .await?
+                .iter()
+                .filter(|r| r.kind == crate::labels::Kind::Sandbox && r.state != crate::runtime::State::Exited)
+                .filter_map(|r| r.pod_ip().and_then(|ip| ip.parse().ok()))
+                .collect();
+            *ips = Some(used);
+        }
+        let used = ips.get_or_insert_with(HashSet::new);
+        let ip =
+            crate::network::allocate(cidr, used).ok_or_else(|| anyhow::anyhow!("no free address in podCIDR {cidr}"))?;
+        used.insert(ip);
+        Ok(ip)
+    }
+
+    /// Give back the IPs of removed pause containers.
+    pub async fn release_ips(&self, records: &[ContainerRecord]) {
+        let mut ips = self.ips.lock().await;
+        if let Some(used) = ips.as_mut() {
+            for r in records.iter().filter(|r| r.kind == crate::labels::Kind::Sandbox) {
+                if let Some(ip) = r.pod_ip().and_then(|ip| ip.parse::<Ipv4Addr>().ok()) {
+                    used.remove(&ip);
+                }
+            }
+        }
+    }
+
+    /// Wake the worker of `uid`, starting one if there is none.
+    pub fn notify(self: &Arc<Self>, uid: &str) {
+        let Ok(mut workers) = self.workers.lock() else { return };
+        if let Some(tx) = workers.get(uid) {
+            if tx.send(()).is_ok() {
+                return;
+            }
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(());
+        workers.insert(uid.to_string(), tx);
+        let k = self.clone();
+        let uid = uid.to_string();
+        tokio::spawn(async move { crate::worker::run(k, uid, rx).await });
+    }
+
+    /// Called by a worker that has nothing left to do: true if it may exit (no pod object and
+    /// no pending message). Decided under the workers lock so no notification is lost.
+    pub fn worker_done(&self, uid: &str, rx: &mut mpsc::UnboundedReceiver<()>) -> bool {
+        let Ok(mut workers) = self.workers.lock() else { return false };
+        if self.pod(uid).is_some() || !rx.is_empty() {
+            return false;
+        }
+        workers.remove(uid);
+        true
+    }
+
+    /// Containers exist for these pods: make sure each has a worker (adoption after a
+    /// restart, and cleanup of pods deleted while the kubelet was down).
+    pub fn relisted(self: &Arc<Self>, records: &[ContainerRecord]) {
+        if !self.synced() {
+            return;
+        }
+        let uids: HashSet<&str> = records.iter().map(|r| r.pod_uid.as_str()).collect();
+        let missing: Vec<String> = {
+            let Ok(workers) = self.workers.lock() else { return };
+            uids.into_iter().filter(|u| !workers.contains_key(*u)).map(str::to_string).collect()
+        };
+        for uid in missing {
+            self.notify(&uid);
+        }
+    }
+
+    /// Watch this node's pods forever, keeping `pods` current and waking workers.
+    pub async fn watch_pods(self: Arc<Self>) {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
+        let mut stream = watcher(api, cfg).default_backoff().boxed();
+        let mut init: Option<HashMap<String, Pod>> = None;
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(p)) => self.apply(p),
+                Ok(watcher::Event::Delete(p)) => {
+                    if let Some(uid) = p.metadata.uid.clone() {
+                        if let Ok(mut pods) = self.pods.lock() {
+                            pods.remove(&uid);
+                        }
+                        self.notify(&uid);
+                    }
+                }
+                Ok(watcher::Event::Init) => init = Some(HashMap::new()),
+                Ok(watcher::Event::InitApply(p)) => {
+                    if let (Some(m), Some(uid)) = (init.as_mut(), p.metadata.uid.clone()) {
+                        m.insert(uid, p);
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    let new = init.take().unwrap_or_default();
+                    let mut touched: HashSet<String> = new.keys().cloned().collect();
+                    if let Ok(mut pods) = self.pods.lock() {
+                        touched.extend(pods.keys().cloned());
+                        *pods = new;
+                    }
+                    self.pods_synced.store(true, Ordering::SeqCst);
+                    for uid in touched {
+                        self.notify(&uid);
+                    }
+                    // Pods with containers but no object are cleaned up by their workers.
+                    if let Ok(records) = self.rt.list(None).await {
+                        self.relisted(&records);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "pod watch error"),
+            }
+        }
+    }
+
+    fn apply(self: &Arc<Self>, p: Pod) {
+        let Some(uid) = p.metadata.uid.clone() else { return };
+        if let Ok(mut pods) = self.pods.lock() {
+            pods.insert(uid.clone(), p);
+        }
+        self.notify(&uid);
+    }
+}

@@ -1,0 +1,152 @@
+//! `kubelet`: the MiniK8s node agent. Registers its Node, renews its Lease, watches the pods
+//! bound to it and runs them in Docker (pause container + app containers, PLEG, probes),
+//! and serves logs, health and metrics on `--port`.
+
+mod backoff;
+mod events;
+mod kubelet;
+mod labels;
+mod metrics;
+mod netlink;
+mod network;
+mod node;
+mod pleg;
+mod podconfig;
+mod probes;
+mod runtime;
+mod server;
+mod stats;
+mod status;
+mod volumes;
+mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+
+/// Kubernetes' kubelet flags (the subset MiniK8s implements).
+#[derive(Debug, Parser)]
+#[command(name = "kubelet", version, about = "MiniK8s node agent: runs this node's pods in Docker")]
+struct Flags {
+    /// Path to a kubeconfig file for the apiserver connection.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The apiserver URL (overrides the kubeconfig's server).
+    #[arg(long)]
+    server: Option<String>,
+    /// The node's name instead of the hostname.
+    #[arg(long = "hostname-override")]
+    hostname_override: Option<String>,
+    /// The node's IP address (InternalIP); default: the first non-loopback IPv4 address.
+    #[arg(long = "node-ip")]
+    node_ip: Option<String>,
+    /// Labels to add when registering the node, `key=value,…`.
+    #[arg(long = "node-labels", default_value = "")]
+    node_labels: String,
+    /// Taints to register the node with, `key=value:Effect,…`.
+    #[arg(long = "register-with-taints", default_value = "")]
+    register_with_taints: String,
+    /// Directory for the kubelet's files (pod volumes).
+    #[arg(long = "root-dir", default_value = "/var/lib/minik8s/kubelet")]
+    root_dir: PathBuf,
+    /// The CIDR for pod IPs on this node (otherwise the Node's spec.podCIDR from node IPAM).
+    #[arg(long = "pod-cidr")]
+    pod_cidr: Option<String>,
+    /// Port of the kubelet's server (logs, healthz, metrics).
+    #[arg(long, default_value_t = 10250)]
+    port: u16,
+    /// Address the server binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    address: String,
+    /// The pause image of pod sandboxes.
+    #[arg(long = "pod-infra-container-image", default_value = "minik8s/pause:latest")]
+    pod_infra_container_image: String,
+    /// Log level (`info`, `debug`, or a tracing filter); RUST_LOG overrides it.
+    #[arg(long = "log-level", default_value = "info")]
+    log_level: String,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_lowercase())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// The first non-loopback IPv4 address of the host (from the routing decision to a public
+/// address; nothing is sent).
+fn default_node_ip() -> String {
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| {
+            s.connect("192.0.2.1:9")?;
+            s.local_addr()
+        })
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|_| "127.0.0.1".into())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let flags = Flags::parse();
+    common::init_tracing(&flags.log_level);
+    let node_name = flags.hostname_override.clone().unwrap_or_else(hostname);
+    let node_ip = flags.node_ip.clone().unwrap_or_else(default_node_ip);
+    let pod_cidr: Option<network::Cidr> = flags.pod_cidr.as_deref().map(str::parse).transpose()?;
+    let labels = node::parse_labels(&flags.node_labels)?;
+    let taints = node::parse_taints(&flags.register_with_taints)?;
+    std::fs::create_dir_all(&flags.root_dir)
+        .with_context(|| format!("creating --root-dir {}", flags.root_dir.display()))?;
+
+    let client = common::client(flags.kubeconfig.as_deref(), flags.server.as_deref()).await?;
+    let rt = Arc::new(runtime::Runtime::connect(&node_name).await?);
+    let docker_version = rt.version().await?;
+    let metrics = metrics::Metrics::new()?;
+    let k = kubelet::Kubelet::new(
+        client,
+        rt.clone(),
+        node_name.clone(),
+        node_ip.clone(),
+        flags.root_dir.clone(),
+        flags.pod_infra_container_image.clone(),
+        pod_cidr,
+        metrics,
+    );
+    tracing::info!(node = %node_name, node_ip, docker = %docker_version, pod_cidr = ?pod_cidr, "kubelet starting");
+
+    let addr: SocketAddr = format!("{}:{}", flags.address, flags.port).parse().context("--address/--port")?;
+    let bound = server::serve(addr, k.clone()).await?;
+    tracing::info!(%bound, "serving healthz, metrics and container logs");
+
+    let reg = node::Registration { labels, taints, port: bound.port(), pod_cidr };
+    // The apiserver may not be up yet: keep trying.
+    loop {
+        match node::register(&k, &reg, &docker_version).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "node registration failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+        }
+    }
+    if let Err(e) = node::renew_lease(&k).await {
+        tracing::warn!(error = %format!("{e:#}"), "creating the node lease failed");
+    }
+    tokio::spawn(node::heartbeat(k.clone(), bound.port(), docker_version));
+
+    {
+        let k1 = k.clone();
+        let k2 = k.clone();
+        tokio::spawn(pleg::run(rt, move |ev| k1.notify(&ev.pod_uid), move |records| k2.relisted(records)));
+    }
+    tokio::spawn(k.clone().watch_pods());
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("kubelet stopping; pods keep running");
+    Ok(())
+}

@@ -1,0 +1,549 @@
+//! Pure translation of a pod's spec into what Docker needs: environment (with `valueFrom`
+//! and `envFrom` resolved against ConfigMaps and Secrets fetched beforehand), the files of
+//! projected volumes, and the container create body (command, mounts, resources, security
+//! context, namespaces shared with the pause container).
+
+use std::collections::{BTreeMap, HashMap};
+
+use bollard::models::{ContainerCreateBody, HostConfig};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::labels::{self, Kind, PodRef};
+
+/// A spec the kubelet cannot turn into a container: the pod waits with
+/// `CreateContainerConfigError` and this message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// The ConfigMaps and Secrets of the pod's namespace that the spec references (None: not found).
+#[derive(Debug, Default, Clone)]
+pub struct Lookups {
+    pub config_maps: HashMap<String, Option<ConfigMap>>,
+    pub secrets: HashMap<String, Option<Secret>>,
+}
+
+impl Lookups {
+    fn config_map(&self, name: &str) -> Option<&ConfigMap> {
+        self.config_maps.get(name).and_then(Option::as_ref)
+    }
+    fn secret(&self, name: &str) -> Option<&Secret> {
+        self.secrets.get(name).and_then(Option::as_ref)
+    }
+}
+
+/// Names of the ConfigMaps and Secrets the pod references (env, envFrom, volumes).
+pub fn referenced_objects(pod: &Pod) -> (Vec<String>, Vec<String>) {
+    let (mut cms, mut secrets) = (Vec::new(), Vec::new());
+    let Some(spec) = pod.spec.as_ref() else { return (cms, secrets) };
+    for c in spec.init_containers.iter().flatten().chain(spec.containers.iter()) {
+        for e in c.env.iter().flatten() {
+            if let Some(vf) = &e.value_from {
+                if let Some(r) = &vf.config_map_key_ref {
+                    cms.push(r.name.clone());
+                }
+                if let Some(r) = &vf.secret_key_ref {
+                    secrets.push(r.name.clone());
+                }
+            }
+        }
+        for ef in c.env_from.iter().flatten() {
+            if let Some(r) = &ef.config_map_ref {
+                cms.push(r.name.clone());
+            }
+            if let Some(r) = &ef.secret_ref {
+                secrets.push(r.name.clone());
+            }
+        }
+    }
+    for v in spec.volumes.iter().flatten() {
+        if let Some(c) = &v.config_map {
+            cms.push(c.name.clone());
+        }
+        if let Some(s) = &v.secret {
+            secrets.extend(s.secret_name.clone());
+        }
+        if let Some(p) = &v.projected {
+            for s in p.sources.iter().flatten() {
+                if let Some(c) = &s.config_map {
+                    cms.push(c.name.clone());
+                }
+                if let Some(s) = &s.secret {
+                    secrets.push(s.name.clone());
+                }
+            }
+        }
+    }
+    cms.sort();
+    cms.dedup();
+    secrets.sort();
+    secrets.dedup();
+    (cms, secrets)
+}
+
+/// The value of a downward-API field path.
+pub fn field_value(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Result<String, ConfigError> {
+    let m = &pod.metadata;
+    let spec = pod.spec.clone().unwrap_or_default();
+    let map_key = |prefix: &str, map: &Option<BTreeMap<String, String>>| -> Option<String> {
+        let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
+        Some(map.as_ref().and_then(|m| m.get(key)).cloned().unwrap_or_default())
+    };
+    let render = |map: &Option<BTreeMap<String, String>>| {
+        map.iter().flatten().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join("\n")
+    };
+    Ok(match path {
+        "metadata.name" => m.name.clone().unwrap_or_default(),
+        "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => m.uid.clone().unwrap_or_default(),
+        "metadata.labels" => render(&m.labels),
+        "metadata.annotations" => render(&m.annotations),
+        "spec.nodeName" => spec.node_name.unwrap_or_default(),
+        "spec.serviceAccountName" => spec.service_account_name.unwrap_or_default(),
+        "status.podIP" | "status.podIPs" => pod_ip.to_string(),
+        "status.hostIP" | "status.hostIPs" => host_ip.to_string(),
+        _ => {
+            if let Some(v) = map_key("metadata.labels['", &m.labels) {
+                v
+            } else if let Some(v) = map_key("metadata.annotations['", &m.annotations) {
+                v
+            } else {
+                return Err(ConfigError(format!("unsupported fieldPath {path:?}")));
+            }
+        }
+    })
+}
+
+fn quantity_value(container: &Container, resource: &str, divisor: Option<&Quantity>) -> String {
+    let res = container.resources.clone().unwrap_or_default();
+    let (which, name) = resource.split_once('.').unwrap_or(("limits", resource));
+    let q = if which == "requests" { res.requests } else { res.limits };
+    let Some(q) = q.and_then(|m| m.get(name).cloned()) else { return "0".into() };
+    let v = if name == "cpu" { parse_cpu_millis(&q.0) as f64 / 1000.0 } else { parse_bytes(&q.0) as f64 };
+    let d =
+        divisor.map(|d| if name == "cpu" { parse_cpu_millis(&d.0) as f64 / 1000.0 } else { parse_bytes(&d.0) as f64 });
+    let d = d.filter(|d| *d > 0.0).unwrap_or(1.0);
+    format!("{}", (v / d).ceil() as i64)
+}
+
+/// The container's environment as `NAME=value`, in Kubernetes' order: envFrom first, then
+/// env (later wins), with `$(VAR)` references expanded.
+pub fn environment(
+    pod: &Pod,
+    c: &Container,
+    pod_ip: &str,
+    host_ip: &str,
+    l: &Lookups,
+) -> Result<Vec<String>, ConfigError> {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let mut env: Vec<(String, String)> = Vec::new();
+    let set = |env: &mut Vec<(String, String)>, k: String, v: String| {
+        if let Some(e) = env.iter_mut().find(|(n, _)| *n == k) {
+            e.1 = v;
+        } else {
+            env.push((k, v));
+        }
+    };
+    for ef in c.env_from.iter().flatten() {
+        let prefix = ef.prefix.clone().unwrap_or_default();
+        if let Some(r) = &ef.config_map_ref {
+            match l.config_map(&r.name) {
+                Some(cm) => {
+                    for (k, v) in cm.data.iter().flatten() {
+                        set(&mut env, format!("{prefix}{k}"), v.clone());
+                    }
+                }
+                None if r.optional == Some(true) => {}
+                None => return Err(ConfigError(format!("configmap \"{}\" not found", r.name))),
+            }
+        }
+        if let Some(r) = &ef.secret_ref {
+            match l.secret(&r.name) {
+                Some(s) => {
+                    for (k, v) in s.data.iter().flatten() {
+                        set(&mut env, format!("{prefix}{k}"), String::from_utf8_lossy(&v.0).into_owned());
+                    }
+                    for (k, v) in s.string_data.iter().flatten() {
+                        set(&mut env, format!("{prefix}{k}"), v.clone());
+                    }
+                }
+                None if r.optional == Some(true) => {}
+                None => return Err(ConfigError(format!("secret \"{}\" not found", r.name))),
+            }
+        }
+    }
+    for e in c.env.iter().flatten() {
+        let value = match &e.value_from {
+            None => expand(e.value.as_deref().unwrap_or_default(), &env),
+            Some(vf) => {
+                if let Some(f) = &vf.field_ref {
+                    field_value(pod, &f.field_path, pod_ip, host_ip)?
+                } else if let Some(r) = &vf.resource_field_ref {
+                    let target = r.container_name.as_deref().filter(|n| !n.is_empty());
+                    let spec = pod.spec.clone().unwrap_or_default();
+                    let tc = target.and_then(|n| spec.containers.iter().find(|x| x.name == n)).unwrap_or(c);
+                    quantity_value(tc, &r.resource, r.divisor.as_ref())
+                } else if let Some(r) = &vf.config_map_key_ref {
+                    match l.config_map(&r.name) {
+                        Some(cm) => match cm.data.as_ref().and_then(|d| d.get(&r.key)) {
+                            Some(v) => v.clone(),
+                            None if r.optional == Some(true) => continue,
+                            None => {
+                                return Err(ConfigError(format!(
+                                    "couldn't find key {} in ConfigMap {ns}/{}",
+                                    r.key, r.name
+                                )))
+                            }
+                        },
+                        None if r.optional == Some(true) => continue,
+                        None => return Err(ConfigError(format!("configmap \"{}\" not found", r.name))),
+                    }
+                } else if let Some(r) = &vf.secret_key_ref {
+                    match l.secret(&r.name) {
+                        Some(s) => match s.data.as_ref().and_then(|d| d.get(&r.key)) {
+                            Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
+                            None => match s.string_data.as_ref().and_then(|d| d.get(&r.key)) {
+                                Some(v) => v.clone(),
+                                None if r.optional == Some(true) => continue,
+                                None => {
+                                    return Err(ConfigError(format!(
+                                        "couldn't find key {} in Secret {ns}/{}",
+                                        r.key, r.name
+                                    )))
+                                }
+                            },
+                        },
+                        None if r.optional == Some(true) => continue,
+                        None => return Err(ConfigError(format!("secret \"{}\" not found", r.name))),
+                    }
+                } else {
+                    String::new()
+                }
+            }
+        };
+        set(&mut env, e.name.clone(), value);
+    }
+    Ok(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect())
+}
+
+/// Expand `$(VAR)` from `env`; `$$` escapes; unknown references stay as written.
+pub fn expand(s: &str, env: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(a) = after.strip_prefix('$') {
+            out.push('$');
+            rest = a;
+        } else if let Some(inner) = after.strip_prefix('(') {
+            match inner.find(')') {
+                Some(j) => {
+                    let name = &inner[..j];
+                    match env.iter().find(|(k, _)| k == name) {
+                        Some((_, v)) => out.push_str(v),
+                        None => {
+                            out.push_str("$(");
+                            out.push_str(name);
+                            out.push(')');
+                        }
+                    }
+                    rest = &inner[j + 1..];
+                }
+                None => {
+                    out.push('$');
+                    rest = after;
+                }
+            }
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn env_pairs(env: &[String]) -> Vec<(String, String)> {
+    env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// CPU quantity → millicores ("500m" → 500, "2" → 2000, "0.5" → 500).
+pub fn parse_cpu_millis(q: &str) -> i64 {
+    if let Some(m) = q.strip_suffix('m') {
+        return m.parse().unwrap_or(0);
+    }
+    q.parse::<f64>().map(|v| (v * 1000.0).round() as i64).unwrap_or(0)
+}
+
+/// Memory quantity → bytes ("64Mi", "1G", "128974848", "129e6").
+pub fn parse_bytes(q: &str) -> i64 {
+    const SUFFIXES: [(&str, f64); 12] = [
+        ("Ki", 1024.0),
+        ("Mi", 1048576.0),
+        ("Gi", 1073741824.0),
+        ("Ti", 1099511627776.0),
+        ("Pi", 1125899906842624.0),
+        ("Ei", 1152921504606846976.0),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
+    ];
+    for (s, mul) in SUFFIXES {
+        if let Some(n) = q.strip_suffix(s) {
+            return n.parse::<f64>().map(|v| (v * mul) as i64).unwrap_or(0);
+        }
+    }
+    if let Some(n) = q.strip_suffix('m') {
+        return n.parse::<f64>().map(|v| (v / 1000.0) as i64).unwrap_or(0);
+    }
+    q.parse::<f64>().map(|v| v as i64).unwrap_or(0)
+}
+
+/// Everything the create body depends on besides the pod and container specs.
+pub struct ContainerContext<'a> {
+    pub node: &'a str,
+    pub kind: Kind,
+    pub restart_count: i32,
+    pub sandbox_id: &'a str,
+    pub env: Vec<String>,
+    /// Volume name → host path.
+    pub volume_paths: &'a HashMap<String, String>,
+    pub host_network: bool,
+}
+
+/// The Docker create body of an init or app container.
+pub fn container_body(pod: &Pod, c: &Container, cx: &ContainerContext) -> Result<ContainerCreateBody, ConfigError> {
+    let pr = pod_ref(pod);
+    let env_pairs = env_pairs(&cx.env);
+    let mut binds = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let Some(host) = cx.volume_paths.get(&m.name) else {
+            return Err(ConfigError(format!(
+                "cannot find volume \"{}\" to mount into container \"{}\"",
+                m.name, c.name
+            )));
+        };
+        let mut host = host.clone();
+        if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            if sub.split('/').any(|p| p == "..") || sub.starts_with('/') {
+                return Err(ConfigError(format!("invalid subPath {sub:?}")));
+            }
+            host = format!("{host}/{sub}");
+        }
+        let ro = if m.read_only == Some(true) { ":ro" } else { "" };
+        binds.push(format!("{host}:{}{ro}", m.mount_path));
+    }
+    let res = c.resources.clone().unwrap_or_default();
+    let limit = |n: &str| res.limits.as_ref().and_then(|l| l.get(n)).map(|q| q.0.clone());
+    let request = |n: &str| res.requests.as_ref().and_then(|l| l.get(n)).map(|q| q.0.clone());
+    let cpu_shares = request("cpu").or_else(|| limit("cpu")).map(|q| (parse_cpu_millis(&q) * 1024 / 1000).max(2));
+    let nano_cpus = limit("cpu").map(|q| parse_cpu_millis(&q) * 1_000_000).filter(|n| *n > 0);
+    let memory = limit("memory").map(|q| parse_bytes(&q)).filter(|m| *m > 0);
+    let sc = c.security_context.clone().unwrap_or_default();
+    let psc = pod.spec.as_ref().and_then(|s| s.security_context.clone()).unwrap_or_default();
+    let user = sc.run_as_user.or(psc.run_as_user).map(|u| match sc.run_as_group.or(psc.run_as_group) {
+        Some(g) => format!("{u}:{g}"),
+        None => u.to_string(),
+    });
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    let sandbox = format!("container:{}", cx.sandbox_id);
+    let host_config = HostConfig {
+        binds: Some(binds),
+        network_mode: Some(if cx.host_network { "host".into() } else { sandbox.clone() }),
+        ipc_mode: Some(sandbox),
+        memory,
+        memory_swap: memory,
+        nano_cpus,
+        cpu_shares,
+        privileged: sc.privileged,
+        cap_add: caps.add.filter(|a| !a.is_empty()),
+        cap_drop: caps.drop.filter(|a| !a.is_empty()),
+        readonly_rootfs: sc.read_only_root_filesystem,
+        oom_score_adj: Some(if memory.is_some() { 900 } else { 1000 }.min(1000)),
+        ..Default::default()
+    };
+    let expand_all =
+        |v: &Option<Vec<String>>| v.as_ref().map(|v| v.iter().map(|s| expand(s, &env_pairs)).collect::<Vec<_>>());
+    Ok(ContainerCreateBody {
+        image: c.image.clone(),
+        entrypoint: expand_all(&c.command),
+        cmd: expand_all(&c.args),
+        env: Some(cx.env.clone()),
+        working_dir: c.working_dir.clone().filter(|w| !w.is_empty()),
+        user,
+        tty: c.tty,
+        open_stdin: c.stdin,
+        stdin_once: c.stdin_once,
+        labels: Some(labels::container_labels(cx.node, &pr, &c.name, cx.kind, cx.restart_count)),
+        stop_signal: Some("SIGTERM".into()),
+        host_config: Some(host_config),
+        ..Default::default()
+    })
+}
+
+/// The pause container: owns the pod's network namespace (`none`: the kubelet plugs it in)
+/// and its IPC namespace.
+pub fn sandbox_body(pod: &Pod, node: &str, image: &str, pod_ip: &str, host_network: bool) -> ContainerCreateBody {
+    let pr = pod_ref(pod);
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mut l = labels::container_labels(node, &pr, labels::SANDBOX_NAME, Kind::Sandbox, 0);
+    l.insert(labels::POD_IP.into(), pod_ip.into());
+    l.insert(labels::GRACE_PERIOD.into(), spec.termination_grace_period_seconds.unwrap_or(30).to_string());
+    let hostname = spec.hostname.clone().or_else(|| pod.metadata.name.clone()).map(|h| h.chars().take(63).collect());
+    ContainerCreateBody {
+        image: Some(image.to_string()),
+        hostname: if host_network { None } else { hostname },
+        labels: Some(l),
+        host_config: Some(HostConfig {
+            network_mode: Some(if host_network { "host".into() } else { "none".into() }),
+            ipc_mode: Some("shareable".into()),
+            cpu_shares: Some(2),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn pod_ref(pod: &Pod) -> PodRef {
+    PodRef {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn sample() -> Pod {
+        pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "x"}},
+            "spec": {"nodeName": "n1", "containers": [{
+                "name": "c", "image": "busybox", "command": ["sh", "-c"], "args": ["echo $(GREETING)"],
+                "workingDir": "/tmp",
+                "env": [
+                    {"name": "GREETING", "value": "hi"},
+                    {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                    {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "K", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}},
+                    {"name": "S", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "pw"}}},
+                    {"name": "REF", "value": "$(GREETING)-there"}
+                ],
+                "envFrom": [{"configMapRef": {"name": "cm"}, "prefix": "CM_"}],
+                "volumeMounts": [{"name": "www", "mountPath": "/www"}, {"name": "cfg", "mountPath": "/cfg", "readOnly": true}],
+                "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}, "requests": {"cpu": "100m"}},
+                "securityContext": {"runAsUser": 1000, "capabilities": {"add": ["NET_ADMIN"]}}
+            }]}
+        }))
+    }
+
+    fn lookups() -> Lookups {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "cm"}, "data": {"k": "v"}})).unwrap();
+        let s: Secret =
+            serde_json::from_value(json!({"metadata": {"name": "sec"}, "data": {"pw": "c2VjcmV0"}})).unwrap();
+        Lookups {
+            config_maps: HashMap::from([("cm".to_string(), Some(cm))]),
+            secrets: HashMap::from([("sec".to_string(), Some(s))]),
+        }
+    }
+
+    #[test]
+    fn env_resolves_every_source() {
+        let p = sample();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let env = environment(&p, c, "10.0.0.5", "192.168.1.1", &lookups()).unwrap();
+        for want in ["CM_k=v", "GREETING=hi", "POD=p", "APP=x", "IP=10.0.0.5", "K=v", "S=secret", "REF=hi-there"] {
+            assert!(env.contains(&want.to_string()), "{want} missing from {env:?}");
+        }
+    }
+
+    #[test]
+    fn missing_config_map_is_a_config_error() {
+        let p = sample();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let err = environment(&p, c, "", "", &Lookups::default()).unwrap_err();
+        assert_eq!(err.0, "configmap \"cm\" not found");
+    }
+
+    #[test]
+    fn referenced_objects_are_found() {
+        assert_eq!(referenced_objects(&sample()), (vec!["cm".to_string()], vec!["sec".to_string()]));
+    }
+
+    #[test]
+    fn create_body_maps_the_spec() {
+        let p = sample();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let paths =
+            HashMap::from([("www".to_string(), "/r/www".to_string()), ("cfg".to_string(), "/r/cfg".to_string())]);
+        let env = environment(&p, c, "", "", &lookups()).unwrap();
+        let cx = ContainerContext {
+            node: "n1",
+            kind: Kind::App,
+            restart_count: 2,
+            sandbox_id: "abc",
+            env,
+            volume_paths: &paths,
+            host_network: false,
+        };
+        let b = container_body(&p, c, &cx).unwrap();
+        assert_eq!(b.entrypoint, Some(vec!["sh".to_string(), "-c".to_string()]));
+        assert_eq!(b.cmd, Some(vec!["echo hi".to_string()]));
+        assert_eq!(b.working_dir.as_deref(), Some("/tmp"));
+        assert_eq!(b.user.as_deref(), Some("1000"));
+        let h = b.host_config.unwrap();
+        assert_eq!(h.network_mode.as_deref(), Some("container:abc"));
+        assert_eq!(h.binds.unwrap(), vec!["/r/www:/www".to_string(), "/r/cfg:/cfg:ro".to_string()]);
+        assert_eq!(h.memory, Some(64 * 1024 * 1024));
+        assert_eq!(h.nano_cpus, Some(500_000_000));
+        assert_eq!(h.cpu_shares, Some(102));
+        assert_eq!(h.cap_add, Some(vec!["NET_ADMIN".to_string()]));
+        let l = b.labels.unwrap();
+        assert_eq!(l[labels::RESTART_COUNT], "2");
+        assert_eq!(l[labels::NODE], "n1");
+    }
+
+    #[test]
+    fn missing_volume_is_a_config_error() {
+        let p = sample();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let cx = ContainerContext {
+            node: "n1",
+            kind: Kind::App,
+            restart_count: 0,
+            sandbox_id: "abc",
+            env: vec![],
+            volume_paths: &HashMap::new(),
+            host_network: false,
+        };
+        assert!(container_body(&p, c, &cx).is_err());
+    }
+
+    #[test]
+    fn quantities() {
+        assert_eq!(parse_cpu_millis("500m"), 500);
+        assert_eq!(parse_cpu_millis("2"), 2000);
+        assert_eq!(parse_cpu_millis("0.25"), 250);
+        assert_eq!(parse_bytes("64Mi"), 67108864);
+        assert_eq!(parse_bytes("1G"), 1_000_000_000);
+        assert_eq!(parse_bytes("1024"), 1024);
+    }
+
+    #[test]
+    fn expansion() {
+        let env = vec![("A".to_string(), "1".to_string())];
+        assert_eq!(expand("$(A)-$(B)-$$(A)", &env), "1-$(B)-$(A)");
+    }
+}

@@ -1,0 +1,232 @@
+//! Pod volumes on the node's disk, under `<root-dir>/pods/<uid>/volumes/<name>`:
+//! emptyDir (a directory), hostPath (the host's path), configMap / secret / downwardAPI /
+//! projected (files computed by the pure [`volume_files`] and rewritten on every sync),
+//! persistentVolumeClaim (the bound PV's hostPath or local path).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{KeyToPath, Pod, Volume};
+
+use crate::podconfig::{field_value, ConfigError, Lookups};
+
+/// Files of a projected-style volume: relative path → (content, mode).
+pub type Files = Vec<(String, Vec<u8>)>;
+
+fn items(
+    data: Vec<(String, Vec<u8>)>,
+    items: &Option<Vec<KeyToPath>>,
+    what: &str,
+    optional: bool,
+) -> Result<Files, ConfigError> {
+    match items {
+        None => Ok(data),
+        Some(items) => {
+            let mut out = Vec::new();
+            for it in items {
+                match data.iter().find(|(k, _)| *k == it.key) {
+                    Some((_, v)) => out.push((it.path.clone(), v.clone())),
+                    None if optional => {}
+                    None => {
+                        return Err(ConfigError(format!(
+                            "configmap references non-existent config key: {} ({what})",
+                            it.key
+                        )))
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn cm_files(name: &str, its: &Option<Vec<KeyToPath>>, optional: bool, l: &Lookups) -> Result<Files, ConfigError> {
+    match l.config_maps.get(name).and_then(Option::as_ref) {
+        Some(cm) => {
+            let mut data: Vec<(String, Vec<u8>)> =
+                cm.data.iter().flatten().map(|(k, v)| (k.clone(), v.clone().into_bytes())).collect();
+            data.extend(cm.binary_data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())));
+            items(data, its, name, optional)
+        }
+        None if optional => Ok(vec![]),
+        None => Err(ConfigError(format!("configmap \"{name}\" not found"))),
+    }
+}
+
+fn secret_files(name: &str, its: &Option<Vec<KeyToPath>>, optional: bool, l: &Lookups) -> Result<Files, ConfigError> {
+    match l.secrets.get(name).and_then(Option::as_ref) {
+        Some(s) => {
+            let mut data: Vec<(String, Vec<u8>)> =
+                s.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect();
+            data.extend(s.string_data.iter().flatten().map(|(k, v)| (k.clone(), v.clone().into_bytes())));
+            items(data, its, name, optional)
+        }
+        None if optional => Ok(vec![]),
+        None => Err(ConfigError(format!("secret \"{name}\" not found"))),
+    }
+}
+
+/// The files of a configMap, secret, downwardAPI or projected volume (None: another kind).
+pub fn volume_files(
+    pod: &Pod,
+    v: &Volume,
+    l: &Lookups,
+    pod_ip: &str,
+    host_ip: &str,
+) -> Result<Option<Files>, ConfigError> {
+    let downward = |items: &Vec<k8s_openapi::api::core::v1::DownwardAPIVolumeFile>| -> Result<Files, ConfigError> {
+        let mut out = Vec::new();
+        for f in items {
+            if let Some(r) = &f.field_ref {
+                out.push((f.path.clone(), field_value(pod, &r.field_path, pod_ip, host_ip)?.into_bytes()));
+            }
+        }
+        Ok(out)
+    };
+    if let Some(c) = &v.config_map {
+        return cm_files(&c.name, &c.items, c.optional == Some(true), l).map(Some);
+    }
+    if let Some(s) = &v.secret {
+        let name = s.secret_name.clone().unwrap_or_default();
+        return secret_files(&name, &s.items, s.optional == Some(true), l).map(Some);
+    }
+    if let Some(d) = &v.downward_api {
+        return downward(d.items.as_ref().unwrap_or(&vec![])).map(Some);
+    }
+    if let Some(p) = &v.projected {
+        let mut out = Vec::new();
+        for s in p.sources.iter().flatten() {
+            if let Some(c) = &s.config_map {
+                out.extend(cm_files(&c.name, &c.items, c.optional == Some(true), l)?);
+            }
+            if let Some(c) = &s.secret {
+                out.extend(secret_files(&c.name, &c.items, c.optional == Some(true), l)?);
+            }
+            if let Some(d) = &s.downward_api {
+                out.extend(downward(d.items.as_ref().unwrap_or(&vec![]))?);
+            }
+        }
+        return Ok(Some(out));
+    }
+    Ok(None)
+}
+
+pub fn pod_dir(root: &Path, uid: &str) -> PathBuf {
+    root.join("pods").join(uid)
+}
+
+/// Host path of a bound claim's volume, looked up by the caller.
+pub type ClaimPaths = HashMap<String, String>;
+
+/// Make every volume of the pod exist on disk; volume name → host path.
+pub fn prepare(
+    root: &Path,
+    pod: &Pod,
+    l: &Lookups,
+    claims: &ClaimPaths,
+    pod_ip: &str,
+    host_ip: &str,
+) -> Result<HashMap<String, String>, ConfigError> {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let base = pod_dir(root, &uid).join("volumes");
+    let io = |e: std::io::Error, what: &Path| ConfigError(format!("{}: {e}", what.display()));
+    let mut out = HashMap::new();
+    for v in pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default() {
+        let dir = base.join(&v.name);
+        if let Some(h) = &v.host_path {
+            let p = Path::new(&h.path);
+            match h.type_.as_deref().unwrap_or("") {
+                "DirectoryOrCreate" => std::fs::create_dir_all(p).map_err(|e| io(e, p))?,
+                "FileOrCreate" if !p.exists() => {
+                    if let Some(parent) = p.parent() {
+                        std::fs::create_dir_all(parent).map_err(|e| io(e, parent))?;
+                    }
+                    std::fs::write(p, b"").map_err(|e| io(e, p))?;
+                }
+                "Directory" | "File" | "Socket" | "CharDevice" | "BlockDevice" if !p.exists() => {
+                    return Err(ConfigError(format!("hostPath type check failed: {} does not exist", h.path)))
+                }
+                _ => {}
+            }
+            out.insert(v.name.clone(), h.path.clone());
+            continue;
+        }
+        if let Some(c) = &v.persistent_volume_claim {
+            match claims.get(&c.claim_name) {
+                Some(p) => {
+                    std::fs::create_dir_all(p).map_err(|e| io(e, Path::new(p)))?;
+                    out.insert(v.name.clone(), p.clone());
+                }
+                None => {
+                    return Err(ConfigError(format!(
+                        "persistentvolumeclaim \"{}\" is not bound to a volume with a host path",
+                        c.claim_name
+                    )))
+                }
+            }
+            continue;
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| io(e, &dir))?;
+        if let Some(files) = volume_files(pod, &v, l, pod_ip, host_ip)? {
+            for (rel, data) in files {
+                if rel.split('/').any(|p| p == "..") || rel.starts_with('/') {
+                    return Err(ConfigError(format!("invalid path {rel:?} in volume {}", v.name)));
+                }
+                let f = dir.join(&rel);
+                if let Some(parent) = f.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| io(e, parent))?;
+                }
+                if std::fs::read(&f).ok().as_deref() != Some(&data[..]) {
+                    let tmp = f.with_extension("minik8s-tmp");
+                    std::fs::write(&tmp, &data).map_err(|e| io(e, &tmp))?;
+                    std::fs::rename(&tmp, &f).map_err(|e| io(e, &f))?;
+                }
+            }
+        } else if let Some(ed) = &v.empty_dir {
+            let _ = ed;
+            // A plain directory (medium Memory included: a tmpfs would not be shared by
+            // the pod's containers through bind mounts).
+        }
+        out.insert(v.name.clone(), dir.to_string_lossy().into_owned());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use serde_json::json;
+
+    #[test]
+    fn config_map_and_downward_files() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"a": "b"}},
+            "spec": {"containers": [], "volumes": [
+                {"name": "c", "configMap": {"name": "cm", "items": [{"key": "k", "path": "sub/file"}]}},
+                {"name": "d", "downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}},
+                {"name": "m", "configMap": {"name": "missing"}},
+                {"name": "e", "emptyDir": {}}
+            ]}
+        }))
+        .unwrap();
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": "cm"}, "data": {"k": "v", "other": "x"}})).unwrap();
+        let l = Lookups { config_maps: HashMap::from([("cm".to_string(), Some(cm))]), ..Default::default() };
+        let vols = pod.spec.as_ref().unwrap().volumes.clone().unwrap();
+        assert_eq!(
+            volume_files(&pod, &vols[0], &l, "", "").unwrap(),
+            Some(vec![("sub/file".to_string(), b"v".to_vec())])
+        );
+        assert_eq!(volume_files(&pod, &vols[1], &l, "", "").unwrap(), Some(vec![("name".to_string(), b"p".to_vec())]));
+        assert_eq!(volume_files(&pod, &vols[2], &l, "", "").unwrap_err().0, "configmap \"missing\" not found");
+        assert_eq!(volume_files(&pod, &vols[3], &l, "", "").unwrap(), None);
+
+        let root = tempfile::tempdir().unwrap();
+        let mut ok = pod.clone();
+        ok.spec.as_mut().unwrap().volumes.as_mut().unwrap().remove(2);
+        let paths = prepare(root.path(), &ok, &l, &HashMap::new(), "", "").unwrap();
+        assert_eq!(std::fs::read_to_string(format!("{}/sub/file", paths["c"])).unwrap(), "v");
+        assert!(Path::new(&paths["e"]).is_dir());
+    }
+}

@@ -1,0 +1,202 @@
+//! Benchmark: pod startup latency through MiniK8s (create → Running and Ready, observed
+//! through a watch) for 1 and for 30 pods at once, beside raw Docker creating and starting
+//! the same pause + app containers (over the Engine API socket) in the same run.
+//!
+//!     cargo bench -p e2e --bench kubelet
+//!
+//! Prints p50/p99 for both and the ratio; asserts nothing about speed.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use e2e::kubelet::{docker_bin, node_containers, require_docker, Kubelet};
+use e2e::ApiServer;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::{json, Value};
+
+/// One Docker Engine API call over /var/run/docker.sock; returns (status, body).
+fn docker_api(method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+    let mut s = UnixStream::connect("/var/run/docker.sock").context("connecting to the Docker socket")?;
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = format!(
+        "{method} /v1.41{path} HTTP/1.1\r\nHost: docker\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}",
+        payload.len()
+    );
+    s.write_all(req.as_bytes())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, rest) = text.split_once("\r\n\r\n").context("bad HTTP answer")?;
+    let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("bad status")?;
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        rest.lines().filter(|l| l.starts_with('{')).collect::<String>()
+    } else {
+        rest.to_string()
+    };
+    Ok((status, serde_json::from_str(&body).unwrap_or(Value::Null)))
+}
+
+fn create_start(name: &str, body: Value) -> Result<String> {
+    let (st, v) = docker_api("POST", &format!("/containers/create?name={name}"), Some(&body))?;
+    if st != 201 {
+        bail!("create {name}: {st} {v}");
+    }
+    let id = v["Id"].as_str().context("no Id")?.to_string();
+    let (st, v) = docker_api("POST", &format!("/containers/{id}/start"), None)?;
+    if st != 204 {
+        bail!("start {name}: {st} {v}");
+    }
+    Ok(id)
+}
+
+/// Raw Docker: `n` pods at once, each a pause container (no network) and a busybox app
+/// container joined to it. Per-pod latency from the common start.
+fn raw_docker(n: usize, tag: &str) -> Result<Vec<Duration>> {
+    let label = format!("minik8s.io/bench={tag}");
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let tag = tag.to_string();
+            std::thread::spawn(move || -> Result<Duration> {
+                let labels = json!({"minik8s.io/bench": tag});
+                let pause = create_start(
+                    &format!("bench-{tag}-{i}-pause"),
+                    json!({"Image": "minik8s/pause:latest", "Labels": labels, "HostConfig": {"NetworkMode": "none", "IpcMode": "shareable"}}),
+                )?;
+                create_start(
+                    &format!("bench-{tag}-{i}-app"),
+                    json!({"Image": "busybox", "Entrypoint": ["sh", "-c", "sleep 3600"], "Labels": labels,
+                           "HostConfig": {"NetworkMode": format!("container:{pause}"), "IpcMode": format!("container:{pause}")}}),
+                )?;
+                Ok(t0.elapsed())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.join().map_err(|_| anyhow::anyhow!("thread panicked"))??);
+    }
+    let ids =
+        std::process::Command::new(docker_bin()).args(["ps", "-aq", "--filter", &format!("label={label}")]).output()?;
+    let ids: Vec<String> = String::from_utf8_lossy(&ids.stdout).split_whitespace().map(str::to_string).collect();
+    if !ids.is_empty() {
+        std::process::Command::new(docker_bin()).args(["rm", "-f"]).args(&ids).output()?;
+    }
+    Ok(out)
+}
+
+fn ready(p: &Pod) -> bool {
+    let st = p.status.clone().unwrap_or_default();
+    st.phase.as_deref() == Some("Running")
+        && st.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Through MiniK8s: create `n` pods at once, time each to Running+Ready seen by a watch.
+async fn minik8s(api: &Api<Pod>, kubelet: &Kubelet, n: usize, tag: &str) -> Result<Vec<Duration>> {
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let w = {
+        let (api, seen) = (api.clone(), seen.clone());
+        tokio::spawn(async move {
+            let mut s = watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = s.next().await {
+                if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev {
+                    if ready(&p) {
+                        if let (Some(name), Ok(mut m)) = (p.metadata.name.clone(), seen.lock()) {
+                            m.entry(name).or_insert_with(Instant::now);
+                        }
+                    }
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let names: Vec<String> = (0..n).map(|i| format!("bench-{tag}-{i}")).collect();
+    let t0 = Instant::now();
+    let creates = names.iter().map(|name| {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"nodeName": kubelet.node, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "app", "image": "busybox", "imagePullPolicy": "IfNotPresent",
+                                     "command": ["sh", "-c", "sleep 3600"]}]}
+        }))
+        .expect("static pod json");
+        async move { api.create(&PostParams::default(), &pod).await }
+    });
+    for r in futures::future::join_all(creates).await {
+        r?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if seen.lock().map(|m| names.iter().all(|n| m.contains_key(n))).unwrap_or(false) {
+            break;
+        }
+        if Instant::now() > deadline {
+            w.abort();
+            bail!("not all pods ready in 180s; kubelet log:\n{}", kubelet.log());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w.abort();
+    let out = {
+        let m = seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        names.iter().map(|n| m[n].duration_since(t0)).collect()
+    };
+    for name in &names {
+        api.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !node_containers(&kubelet.node).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(out)
+}
+
+fn pct(v: &[Duration], p: f64) -> Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn main() -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(pod_startup_latency())
+}
+
+async fn pod_startup_latency() -> Result<()> {
+    if !require_docker() {
+        bail!("the Docker engine is not running: start dockerd (scripts/test does)");
+    }
+    let server = ApiServer::start()?;
+    let kubelet = Kubelet::start(&server.url(), "kl-bench")?;
+    let api: Api<Pod> = Api::namespaced(server.client()?, "default");
+    // Warm-up (bridge creation, image inspect caches).
+    minik8s(&api, &kubelet, 1, "warm").await?;
+    raw_docker(1, "warm")?;
+    println!("\npod startup latency (create → Running+Ready via watch) vs raw Docker (pause + app create+start)");
+    println!(
+        "{:>5} | {:>12} {:>12} | {:>12} {:>12} | {:>9}",
+        "pods", "minik8s p50", "minik8s p99", "docker p50", "docker p99", "p99 ratio"
+    );
+    for n in [1usize, 30] {
+        let k = minik8s(&api, &kubelet, n, &format!("k{n}")).await?;
+        let d = raw_docker(n, &format!("d{n}-{}", std::process::id()))?;
+        let (k50, k99, d50, d99) = (pct(&k, 0.5), pct(&k, 0.99), pct(&d, 0.5), pct(&d, 0.99));
+        println!(
+            "{n:>5} | {:>10.0}ms {:>10.0}ms | {:>10.0}ms {:>10.0}ms | {:>8.2}x",
+            k50.as_secs_f64() * 1e3,
+            k99.as_secs_f64() * 1e3,
+            d50.as_secs_f64() * 1e3,
+            d99.as_secs_f64() * 1e3,
+            k99.as_secs_f64() / d99.as_secs_f64().max(1e-6)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! Helpers for the kubelet's end-to-end tests: build and start the real `kubelet` binary
+//! against a test apiserver on the real Docker engine, each with a unique node name and
+//! podCIDR, and remove everything it created (containers, bridge, files) on drop, also
+//! when the test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Docker client binary (Debian's docker.io).
+pub fn docker_bin() -> &'static str {
+    if Path::new("/usr/bin/docker").exists() {
+        "/usr/bin/docker"
+    } else {
+        "docker"
+    }
+}
+
+/// Whether the Docker engine answers; under `CI=true` a missing engine is a failure, and
+/// the local images (scripts/images) are built once per test process.
+pub fn require_docker() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    let ok = *OK.get_or_init(|| {
+        let up = Command::new(docker_bin())
+            .arg("info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !up {
+            return false;
+        }
+        let st = Command::new("bash")
+            .arg(workspace().join("scripts/images"))
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run scripts/images: {e}"));
+        assert!(st.success(), "scripts/images failed");
+        true
+    });
+    if !ok {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("CI=true but the Docker engine is not reachable (start dockerd): the kubelet tests need it");
+        }
+        eprintln!("SKIPPED: no Docker engine (set CI=true to make this a failure)");
+    }
+    ok
+}
+
+/// Build `kubelet` once per test process; `MINIK8S_KUBELET_BIN` overrides it.
+pub fn kubelet_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("MINIK8S_KUBELET_BIN") {
+            return PathBuf::from(p);
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-q", "-p", "kubelet", "--bin", "kubelet"])
+            .current_dir(workspace())
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run cargo build -p kubelet: {e}"));
+        assert!(status.success(), "cargo build -p kubelet failed");
+        let target =
+            std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| workspace().join("target"));
+        target.join("debug").join("kubelet")
+    })
+    .clone()
+}
+
+/// The kubelet's bridge name for a node (same hash as kubelet/src/network.rs).
+pub fn bridge_name(node: &str) -> String {
+    let mut h: u32 = 0x811c9dc5;
+    for b in node.bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x01000193);
+    }
+    format!("mk8s{h:08x}")
+}
+
+/// A /24 in 10.245.0.0/16 that no route of this host uses yet.
+fn free_pod_cidr() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let routes = Command::new("ip")
+        .args(["-4", "route"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let seed = std::process::id();
+    for _ in 0..250 {
+        let x = (seed.wrapping_mul(31).wrapping_add(N.fetch_add(1, Ordering::SeqCst))) % 250 + 1;
+        let prefix = format!("10.245.{x}.");
+        if !routes.contains(&prefix) {
+            return format!("10.245.{x}.0/24");
+        }
+    }
+    panic!("no free /24 in 10.245.0.0/16");
+}
+
+/// Remove every container labelled with `node`.
+pub fn remove_node_containers(node: &str) {
+    let out =
+        Command::new(docker_bin()).args(["ps", "-aq", "--filter", &format!("label=minik8s.io/node={node}")]).output();
+    if let Ok(out) = out {
+        let ids: Vec<String> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect();
+        if !ids.is_empty() {
+            let _ = Command::new(docker_bin())
+                .args(["rm", "-f", "-v"])
+                .args(&ids)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// Containers of `node` as (id, name, state), from the Docker CLI.
+pub fn node_containers(node: &str) -> Vec<(String, String, String)> {
+    let out = Command::new(docker_bin())
+        .args([
+            "ps",
+            "-a",
+            "--no-trunc",
+            "--filter",
+            &format!("label=minik8s.io/node={node}"),
+            "--format",
+            "{{.ID}} {{.Names}} {{.State}}",
+        ])
+        .output();
+    out.map(|o| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut p = l.split_whitespace();
+                Some((p.next()?.to_string(), p.next()?.to_string(), p.next()?.to_string()))
+            })
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A running kubelet process for one node; on drop it is killed and its node's containers,
+/// bridge and files are removed.
+pub struct Kubelet {
+    pub node: String,
+    pub pod_cidr: String,
+    pub port: u16,
+    pub server: String,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Kubelet {
+    /// Start a kubelet with a unique node name (`<prefix>-<pid>-<n>`) against `server`.
+    pub fn start(server: &str, prefix: &str) -> Result<Kubelet> {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let node = format!("{prefix}-{}-{n}", std::process::id());
+        let mut k = Kubelet {
+            node,
+            pod_cidr: free_pod_cidr(),
+            port: crate::free_port(),
+            server: server.to_string(),
+            dir: tempfile::tempdir()?,
+            child: None,
+        };
+        remove_node_containers(&k.node);
+        k.spawn()?;
+        Ok(k)
+    }
+
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("kubelet.log")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path())?;
+        let child = Command::new(kubelet_bin())
+            .args(["--server", &self.server, "--hostname-override", &self.node, "--node-ip", "127.0.0.1"])
+            .args(["--pod-cidr", &self.pod_cidr, "--port", &self.port.to_string(), "--address", "127.0.0.1"])
+            .arg("--root-dir")
+            .arg(self.root_dir())
+            .args(["--log-level", "info,kubelet=debug"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawning kubelet")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut() {
+                if let Some(st) = c.try_wait()? {
+                    bail!("kubelet exited early ({st}); log:\n{}", self.log());
+                }
+            }
+            if self.get("/healthz").map(|(s, _)| s == 200).unwrap_or(false) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("kubelet not healthy in 30s; log:\n{}", self.log())
+    }
+
+    /// SIGKILL the process (its pods keep running in Docker).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.child.as_mut().map(|c| matches!(c.try_wait(), Ok(None))).unwrap_or(false)
+    }
+
+    /// GET a path of the kubelet's server: (status, body).
+    pub fn get(&self, path: &str) -> Result<(u16, String)> {
+        let r = crate::raw(self.port, "GET", path, None, b"")?;
+        Ok((r.status, r.text()))
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.kill();
+        remove_node_containers(&self.node);
+        let _ = Command::new("ip").args(["link", "del", &bridge_name(&self.node)]).stderr(Stdio::null()).status();
+    }
+}

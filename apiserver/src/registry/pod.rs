@@ -60,7 +60,9 @@ fn default_container(c: &mut Value) {
     // Requests default to limits when only limits are given.
     if let Some(limits) = c.pointer("/resources/limits").cloned().and_then(|l| l.as_object().cloned()) {
         for (k, v) in limits {
-            default_at(c, &format!("/resources/requests/{k}"), v);
+            // Resource names like `nvidia.com/gpu` contain '/': escape it for the pointer.
+            let key = k.replace('~', "~0").replace('/', "~1");
+            default_at(c, &format!("/resources/requests/{key}"), v);
         }
     }
 }
@@ -347,6 +349,13 @@ impl Strategy for PodStrategy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_default_to_limits_including_extended_resources() {
+        let mut c = json!({"name": "a", "image": "x", "resources": {"limits": {"cpu": "1", "nvidia.com/gpu": 2}}});
+        default_container(&mut c);
+        assert_eq!(c.pointer("/resources/requests"), Some(&json!({"cpu": "1", "nvidia.com/gpu": 2})));
+    }
 
     #[test]
     fn image_latest() {

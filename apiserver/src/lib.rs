@@ -11,10 +11,17 @@ use serde_json::json;
 use storage::Store;
 
 pub mod continuetoken;
+pub mod crds;
 pub mod error;
+pub mod eventttl;
+pub mod eventsview;
 pub mod ipalloc;
 pub mod metrics;
+pub mod openapi;
+pub mod openapi_proto;
 pub mod patch;
+pub mod protobuf;
+pub mod proxy;
 pub mod registry;
 pub mod requestinfo;
 pub mod resources;
@@ -55,6 +62,8 @@ impl Default for Options {
 
 /// Build the application state over a store (already opened).
 pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<server::AppState>> {
+    // Build the OpenAPI documents (and the protobuf field tables) now, not on a first request.
+    let _ = &*openapi::OPENAPI;
     let metrics = metrics::Metrics::new();
     let store: Arc<dyn Store> = Arc::new(metrics::MeteredStore::new(store, metrics.clone()));
     let ip_range = ipalloc::IpRange::parse(&opts.service_cluster_ip_range).map_err(anyhow::Error::msg)?;

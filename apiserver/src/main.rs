@@ -37,6 +37,9 @@ struct Args {
     /// How often storage history is compacted (Go duration, e.g. 5m, 30s; 0 disables).
     #[arg(long, default_value = "5m")]
     etcd_compaction_interval: String,
+    /// How long Events are kept after they last happened (Go duration; 0 keeps them).
+    #[arg(long, default_value = "1h")]
+    event_ttl: String,
     /// Log level or tracing filter (error, warn, info, debug, trace, or e.g. "apiserver=debug").
     #[arg(short = 'v', long = "log-level", default_value = "info")]
     log_level: String,
@@ -77,6 +80,10 @@ async fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     let state = apiserver::build_state(store, &opts)?;
+    let _crds = apiserver::crds::spawn(state.registry.clone());
+    let event_ttl =
+        apiserver::parse_go_duration(&args.event_ttl).map_err(|e| anyhow::anyhow!("invalid --event-ttl: {e}"))?;
+    let _event_ttl = apiserver::eventttl::spawn(state.registry.clone(), event_ttl);
     // Storage may be briefly unavailable (etcd starting): retry the bootstrap.
     let mut delay = Duration::from_millis(200);
     loop {

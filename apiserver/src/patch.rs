@@ -1,14 +1,11 @@
 //! PATCH bodies: JSON patch (RFC 6902), JSON merge patch (RFC 7386), and strategic merge
 //! patch. Pure functions.
 //!
-//! Strategic merge patch here is driven by a table of list merge keys by field name
-//! (`containers` merge by `name`, `volumeMounts` by `mountPath` …) rather than by the
-//! per-type schema Kubernetes uses; it supports the `$patch: delete|replace` and
-//! `$setElementOrder`/`$retainKeys`/`$deleteFromPrimitiveList` directives kubectl sends.
-//! TODO: drive merge keys from the OpenAPI schema (x-kubernetes-patch-merge-key) once
-//! /openapi is served, so lists that share a field name but not a merge key are exact.
+//! Strategic merge patch is `apimachinery::strategicpatch`, driven by the kind's OpenAPI
+//! schema (the `x-kubernetes-patch-merge-key` / `-strategy` of each field, see [`crate::openapi`]).
 
-use serde_json::{Map, Value};
+use apimachinery::strategicpatch::{strategic_merge_patch, Schema};
+use serde_json::Value;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PatchType {
@@ -40,7 +37,10 @@ pub enum PatchError {
     Apply(String),
 }
 
-pub fn apply(kind: PatchType, doc: &Value, body: &[u8]) -> Result<Value, PatchError> {
+/// The group, version and kind of the patched object (its schema drives strategic merge patch).
+pub type Gvk<'a> = (&'a str, &'a str, &'a str);
+
+pub fn apply(kind: PatchType, doc: &Value, body: &[u8], gvk: Gvk<'_>) -> Result<Value, PatchError> {
     match kind {
         PatchType::Json => {
             let patch: json_patch::Patch =
@@ -67,148 +67,23 @@ pub fn apply(kind: PatchType, doc: &Value, body: &[u8]) -> Result<Value, PatchEr
                     "error decoding patch: strategic merge patch must be a JSON object".into(),
                 ));
             }
-            strategic_merge(doc, &patch, "").map_err(PatchError::Apply)
+            let openapi = &*crate::openapi::OPENAPI;
+            let schema = match openapi.schema_of(gvk.0, gvk.1, gvk.2) {
+                Some(root) => Schema::new(&openapi.definitions, root),
+                None => Schema::none(),
+            };
+            strategic_merge_patch(doc, &patch, schema).map_err(|e| PatchError::Apply(e.0))
         }
         PatchType::Apply => Err(PatchError::Decode("server-side apply is not supported yet".into())),
     }
-}
-
-/// Merge key of a list field, by field name (None: the list is replaced).
-fn merge_key(field: &str, sample: Option<&Value>) -> Option<&'static str> {
-    match field {
-        "containers"
-        | "initContainers"
-        | "ephemeralContainers"
-        | "env"
-        | "volumes"
-        | "imagePullSecrets"
-        | "resourceClaims"
-        | "containerStatuses"
-        | "initContainerStatuses" => Some("name"),
-        "volumeMounts" => Some("mountPath"),
-        "volumeDevices" => Some("devicePath"),
-        "conditions" => Some("type"),
-        "addresses" if sample.is_some_and(|s| s.get("type").is_some() && s.get("address").is_some()) => Some("type"),
-        "hostAliases" => Some("ip"),
-        "topologySpreadConstraints" => Some("topologyKey"),
-        "ownerReferences" => Some("uid"),
-        "ports" => match sample {
-            Some(s) if s.get("containerPort").is_some() => Some("containerPort"),
-            Some(s) if s.get("port").is_some() => Some("port"),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-/// Primitive lists that merge as sets.
-fn merges_primitives(field: &str) -> bool {
-    matches!(field, "finalizers")
-}
-
-fn strategic_merge(doc: &Value, patch: &Value, field: &str) -> Result<Value, String> {
-    let (Some(patch_map), true) = (patch.as_object(), true) else {
-        return Ok(patch.clone());
-    };
-    if patch_map.get("$patch").and_then(Value::as_str) == Some("replace") {
-        let mut m = patch_map.clone();
-        m.remove("$patch");
-        return Ok(Value::Object(m));
-    }
-    let mut out: Map<String, Value> = doc.as_object().cloned().unwrap_or_default();
-    // $retainKeys: drop keys not listed.
-    if let Some(keep) = patch_map.get("$retainKeys").and_then(Value::as_array) {
-        let keep: Vec<&str> = keep.iter().filter_map(Value::as_str).collect();
-        out.retain(|k, _| keep.contains(&k.as_str()));
-    }
-    for (k, pv) in patch_map {
-        if k == "$patch" || k == "$retainKeys" || k.starts_with("$setElementOrder/") {
-            continue;
-        }
-        if let Some(list_field) = k.strip_prefix("$deleteFromPrimitiveList/") {
-            if let (Some(Value::Array(cur)), Some(del)) = (out.get_mut(list_field), pv.as_array()) {
-                cur.retain(|v| !del.contains(v));
-            }
-            continue;
-        }
-        if pv.is_null() {
-            out.remove(k);
-            continue;
-        }
-        let cur = out.get(k).cloned().unwrap_or(Value::Null);
-        let merged = match (pv, &cur) {
-            (Value::Object(pm), _) if pm.get("$patch").and_then(Value::as_str) == Some("delete") => {
-                out.remove(k);
-                continue;
-            }
-            (Value::Object(_), Value::Object(_)) | (Value::Object(_), Value::Null) => strategic_merge(&cur, pv, k)?,
-            (Value::Array(pl), Value::Array(cl)) => {
-                merge_list(k, cl, pl, patch_map.get(&format!("$setElementOrder/{k}")))?
-            }
-            _ => strip_directives(pv),
-        };
-        out.insert(k.clone(), merged);
-    }
-    let _ = field;
-    Ok(Value::Object(out))
-}
-
-fn strip_directives(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(
-            m.iter().filter(|(k, _)| !k.starts_with('$')).map(|(k, v)| (k.clone(), strip_directives(v))).collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(strip_directives).collect()),
-        other => other.clone(),
-    }
-}
-
-fn merge_list(field: &str, cur: &[Value], patch: &[Value], order: Option<&Value>) -> Result<Value, String> {
-    if merges_primitives(field) {
-        let mut out = cur.to_vec();
-        for v in patch {
-            if !out.contains(v) {
-                out.push(v.clone());
-            }
-        }
-        return Ok(Value::Array(out));
-    }
-    // A `{"$patch": "replace"}` element replaces the whole list.
-    if patch.iter().any(|p| p.get("$patch").and_then(Value::as_str) == Some("replace")) {
-        return Ok(Value::Array(patch.iter().filter(|p| p.get("$patch").is_none()).map(strip_directives).collect()));
-    }
-    let Some(key) = merge_key(field, patch.first().or(cur.first())) else {
-        return Ok(Value::Array(patch.iter().map(strip_directives).collect()));
-    };
-    let mut out: Vec<Value> = cur.to_vec();
-    for p in patch {
-        let Some(kv) = p.get(key) else {
-            return Err(format!("map: {p} does not contain declared merge key: {key}"));
-        };
-        let pos = out.iter().position(|c| c.get(key) == Some(kv));
-        if p.get("$patch").and_then(Value::as_str) == Some("delete") {
-            if let Some(i) = pos {
-                out.remove(i);
-            }
-            continue;
-        }
-        match pos {
-            Some(i) => out[i] = strategic_merge(&out[i], p, field)?,
-            None => out.push(strategic_merge(&Value::Null, p, field)?),
-        }
-    }
-    // $setElementOrder gives the final order of the listed elements.
-    if let Some(order) = order.and_then(Value::as_array) {
-        let rank = |v: &Value| order.iter().position(|o| o.get(key).is_some() && o.get(key) == v.get(key));
-        out.sort_by_key(|v| rank(v).unwrap_or(usize::MAX));
-    }
-    Ok(Value::Array(out))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    const POD: Gvk<'static> = ("", "v1", "Pod");
 
     #[test]
     fn content_types() {
@@ -220,39 +95,40 @@ mod tests {
     #[test]
     fn merge_and_json_patch() {
         let doc = json!({"metadata": {"labels": {"a": "1", "b": "2"}}});
-        let out = apply(PatchType::Merge, &doc, br#"{"metadata":{"labels":{"a":null,"c":"3"}}}"#).unwrap();
+        let out = apply(PatchType::Merge, &doc, br#"{"metadata":{"labels":{"a":null,"c":"3"}}}"#, POD).unwrap();
         assert_eq!(out, json!({"metadata": {"labels": {"b": "2", "c": "3"}}}));
-        let out =
-            apply(PatchType::Json, &doc, br#"[{"op":"replace","path":"/metadata/labels/a","value":"9"}]"#).unwrap();
+        let out = apply(PatchType::Json, &doc, br#"[{"op":"replace","path":"/metadata/labels/a","value":"9"}]"#, POD)
+            .unwrap();
         assert_eq!(out["metadata"]["labels"]["a"], "9");
-        assert!(matches!(apply(PatchType::Json, &doc, b"{"), Err(PatchError::Decode(_))));
+        assert!(matches!(apply(PatchType::Json, &doc, b"{", POD), Err(PatchError::Decode(_))));
         assert!(matches!(
-            apply(PatchType::Json, &doc, br#"[{"op":"test","path":"/metadata/labels/a","value":"x"}]"#),
+            apply(PatchType::Json, &doc, br#"[{"op":"test","path":"/metadata/labels/a","value":"x"}]"#, POD),
             Err(PatchError::Apply(_))
         ));
-        assert!(matches!(apply(PatchType::Merge, &doc, b"[1]"), Err(PatchError::Decode(_))));
+        assert!(matches!(apply(PatchType::Merge, &doc, b"[1]", POD), Err(PatchError::Decode(_))));
     }
 
     #[test]
     fn strategic_containers_by_name() {
         let doc = json!({"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}});
         let patch = br#"{"spec":{"$setElementOrder/containers":[{"name":"b"},{"name":"a"}],"containers":[{"name":"a","image":"z"}]}}"#;
-        let out = apply(PatchType::Strategic, &doc, patch).unwrap();
+        let out = apply(PatchType::Strategic, &doc, patch, POD).unwrap();
         assert_eq!(out["spec"]["containers"], json!([{"name": "b", "image": "y"}, {"name": "a", "image": "z"}]));
         let del = br#"{"spec":{"containers":[{"name":"a","$patch":"delete"}]}}"#;
-        let out = apply(PatchType::Strategic, &doc, del).unwrap();
+        let out = apply(PatchType::Strategic, &doc, del, POD).unwrap();
         assert_eq!(out["spec"]["containers"], json!([{"name": "b", "image": "y"}]));
     }
 
     #[test]
     fn strategic_other_lists_replace() {
         let doc = json!({"spec": {"args": ["a", "b"]}, "metadata": {"finalizers": ["x"]}});
-        let out =
-            apply(PatchType::Strategic, &doc, br#"{"spec":{"args":["c"]},"metadata":{"finalizers":["y"]}}"#).unwrap();
+        let out = apply(PatchType::Strategic, &doc, br#"{"spec":{"args":["c"]},"metadata":{"finalizers":["y"]}}"#, POD)
+            .unwrap();
         assert_eq!(out["spec"]["args"], json!(["c"]));
         assert_eq!(out["metadata"]["finalizers"], json!(["x", "y"]));
-        let out = apply(PatchType::Strategic, &doc, br#"{"metadata":{"$deleteFromPrimitiveList/finalizers":["x"]}}"#)
-            .unwrap();
+        let out =
+            apply(PatchType::Strategic, &doc, br#"{"metadata":{"$deleteFromPrimitiveList/finalizers":["x"]}}"#, POD)
+                .unwrap();
         assert_eq!(out["metadata"]["finalizers"], json!([]));
     }
 }

@@ -25,6 +25,8 @@ pub struct ResourcePath {
     pub subresource: Option<String>,
     /// The legacy `/watch/` path prefix was used.
     pub legacy_watch: bool,
+    /// What follows the subresource (`nodes/<n>/proxy/<subpath>`), without a leading slash.
+    pub subpath: String,
 }
 
 /// Parse `path` (no query). None when it is not an API path.
@@ -64,10 +66,11 @@ pub fn parse(path: &str) -> Option<Target> {
             rp.resource = r.to_string();
             rp.name = Some(n.to_string());
         }
-        [r, n, s, ..] => {
+        [r, n, s, tail @ ..] => {
             rp.resource = r.to_string();
             rp.name = Some(n.to_string());
             rp.subresource = Some(s.to_string());
+            rp.subpath = tail.join("/");
         }
     }
     Some(Target::Resource(rp))
@@ -104,6 +107,16 @@ pub fn verb(method: &http::Method, rp: &ResourcePath, watch_param: bool) -> &'st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_subpaths() {
+        let r = res("/api/v1/nodes/n1/proxy/stats/summary");
+        assert_eq!(
+            (r.resource.as_str(), r.subresource.as_deref(), r.subpath.as_str()),
+            ("nodes", Some("proxy"), "stats/summary")
+        );
+        assert_eq!(res("/api/v1/nodes/n1/proxy").subpath, "");
+    }
 
     fn res(path: &str) -> ResourcePath {
         match parse(path) {

@@ -11,6 +11,9 @@ use crate::registry::Strategy;
 /// path) and drops unknown fields, as Kubernetes' typed decoding does.
 pub type NormalizeFn = fn(Value) -> Result<Value, String>;
 
+/// The OpenAPI schema of the kind: a `$ref` into the generator's definitions.
+pub type SchemaFn = fn(&mut schemars::SchemaGenerator) -> schemars::Schema;
+
 fn normalize_as<T>(v: Value) -> Result<Value, String>
 where
     T: serde::de::DeserializeOwned + serde::Serialize,
@@ -25,6 +28,15 @@ where
         }
     })?;
     serde_json::to_value(&typed).map_err(|e| e.to_string())
+}
+
+/// What a CustomResourceDefinition adds to a served resource.
+#[derive(Debug)]
+pub struct CustomInfo {
+    /// additionalPrinterColumns: (name, type, jsonPath, priority).
+    pub printer_columns: Vec<(String, String, String, i64)>,
+    /// The version's openAPIV3Schema.
+    pub schema: Value,
 }
 
 /// A subresource of a resource, e.g. `pods/status`.
@@ -70,6 +82,9 @@ pub struct ResourceDef {
     pub storage: &'static str,
     pub strategy: &'static dyn Strategy,
     pub normalize: NormalizeFn,
+    pub schema: SchemaFn,
+    /// Set for resources served from a CustomResourceDefinition.
+    pub custom: Option<&'static CustomInfo>,
 }
 
 impl std::fmt::Debug for ResourceDef {
@@ -112,6 +127,8 @@ macro_rules! res {
             storage: $plural,
             strategy: $strategy,
             normalize: normalize_as::<$ty>,
+            schema: |g| g.subschema_for::<$ty>(),
+            custom: None,
         }
     };
 }
@@ -499,6 +516,34 @@ pub static RESOURCES: &[ResourceDef] = &[
         &kinds::RBAC_BINDING,
         k::rbac::v1::ClusterRoleBinding
     ),
+    // events.k8s.io/v1: a converted view of the core/v1 Events (same storage), see server.rs
+    res!(
+        "events.k8s.io",
+        "v1",
+        "Event",
+        "events",
+        "event",
+        &["ev"],
+        NONE,
+        true,
+        &[],
+        &kinds::EVENT,
+        k::events::v1::Event
+    ),
+    // apiextensions.k8s.io/v1
+    res!(
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+        "customresourcedefinition",
+        &["crd", "crds"],
+        &["api-extensions"],
+        false,
+        STATUS,
+        &crate::registry::crd::CRD,
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition
+    ),
     // scheduling.k8s.io/v1
     res!(
         "scheduling.k8s.io",
@@ -515,20 +560,39 @@ pub static RESOURCES: &[ResourceDef] = &[
     ),
 ];
 
+/// Resources served from CustomResourceDefinitions (kept by [`crate::crds`]).
+static CUSTOM: std::sync::RwLock<Vec<&'static ResourceDef>> = std::sync::RwLock::new(Vec::new());
+
+/// Replace the set of custom resources.
+pub fn set_custom(defs: Vec<&'static ResourceDef>) {
+    if let Ok(mut c) = CUSTOM.write() {
+        *c = defs;
+    }
+}
+
+/// Every served resource: the built-in table, then custom resources.
+pub fn all() -> Vec<&'static ResourceDef> {
+    let mut v: Vec<&'static ResourceDef> = RESOURCES.iter().collect();
+    if let Ok(c) = CUSTOM.read() {
+        v.extend(c.iter().copied());
+    }
+    v
+}
+
 /// Look up a resource by group, version and plural.
 pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
-    RESOURCES.iter().find(|r| r.group == group && r.version == version && r.plural == plural)
+    all().into_iter().find(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
 /// Look up the storage (preferred) definition of a resource by plural and group.
 pub fn find_by_plural(group: &str, plural: &str) -> Option<&'static ResourceDef> {
-    RESOURCES.iter().find(|r| r.group == group && r.plural == plural)
+    all().into_iter().find(|r| r.group == group && r.plural == plural)
 }
 
 /// Groups with their versions, in table order; the first version is preferred.
 pub fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
     let mut out: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
-    for r in RESOURCES.iter().filter(|r| !r.group.is_empty()) {
+    for r in all().into_iter().filter(|r| !r.group.is_empty()) {
         match out.iter_mut().find(|(g, _)| *g == r.group) {
             Some((_, vs)) => {
                 if !vs.contains(&r.version) {
@@ -582,7 +646,7 @@ pub fn api_group(group: &str) -> Option<Value> {
 /// group/version is not served.
 pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
     let mut resources = Vec::new();
-    for r in RESOURCES.iter().filter(|r| r.group == group && r.version == version) {
+    for r in all().into_iter().filter(|r| r.group == group && r.version == version) {
         let mut entry = json!({
             "name": r.plural,
             "singularName": r.singular,

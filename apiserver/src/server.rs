@@ -47,6 +47,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(healthz))
         .route("/version", get(version))
         .route("/metrics", get(metrics))
+        .route("/openapi/v2", get(openapi_v2))
+        .route("/openapi/v3", get(openapi_v3_root))
+        .route("/openapi/v3/{*gv}", get(openapi_v3))
         .fallback(dispatch)
         .with_state(state)
 }
@@ -86,6 +89,79 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let mut r = state.metrics.render().into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
     r
+}
+
+// ------------------------------------------------------------------ openapi
+
+/// Serve a prebuilt document; `If-None-Match` with its ETag answers 304.
+fn serve_doc(headers: &HeaderMap, doc: &crate::openapi::Doc, immutable: bool) -> Response {
+    let etag = format!("\"{}\"", doc.etag);
+    let cache = if immutable { "public, immutable" } else { "no-cache, private" };
+    let matches = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
+    let mut r = if matches {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        let mut r = (StatusCode::OK, doc.bytes.clone()).into_response();
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        r
+    };
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        r.headers_mut().insert(header::ETAG, v);
+    }
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
+    r
+}
+
+/// Whether the client accepts JSON.
+fn accepts_json(headers: &HeaderMap) -> bool {
+    match headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) {
+        None => true,
+        Some(a) => a.split(',').any(|t| {
+            let t = t.split(';').next().unwrap_or_default().trim();
+            t.is_empty() || t == "*/*" || t == "application/*" || t == "application/json"
+        }),
+    }
+}
+
+async fn openapi_v2(headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if accept.contains("application/com.github.proto-openapi.spec.v2") {
+        let mut r = serve_doc(&headers, &crate::openapi::OPENAPI.v2_proto, false);
+        if r.status() == StatusCode::OK {
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::openapi_proto::MEDIA_TYPE));
+        }
+        return r;
+    }
+    if !accepts_json(&headers) {
+        return ApiError::new(406, "NotAcceptable", "only application/json is supported for /openapi/v2")
+            .into_response();
+    }
+    serve_doc(&headers, &crate::openapi::OPENAPI.v2, false)
+}
+
+async fn openapi_v3_root(headers: HeaderMap) -> Response {
+    if crate::resources::all().iter().any(|r| r.custom.is_some()) {
+        return serve_doc(&headers, &crate::openapi::v3_root(), false);
+    }
+    serve_doc(&headers, &crate::openapi::OPENAPI.v3_root, false)
+}
+
+async fn openapi_v3(
+    headers: HeaderMap,
+    axum::extract::Path(gv): axum::extract::Path<String>,
+    uri: axum::http::Uri,
+) -> Response {
+    let gv = gv.trim_matches('/');
+    match crate::openapi::OPENAPI.v3.get(gv) {
+        Some(doc) => serve_doc(&headers, doc, uri.query().is_some_and(|q| q.contains("hash="))),
+        None => match crate::openapi::custom_gv_doc(gv) {
+            Some(doc) => serve_doc(&headers, &doc, false),
+            None => not_found_path().into_response(),
+        },
+    }
 }
 
 fn json_response(code: StatusCode, v: &Value, warnings: &[String]) -> Response {
@@ -254,7 +330,7 @@ fn write_options(query: &HashMap<String, String>) -> ApiResult<WriteOptions> {
             )))
         }
     };
-    Ok(WriteOptions { dry_run, field_validation })
+    Ok(WriteOptions { dry_run, field_validation, managed_fields: None })
 }
 
 fn list_options(query: &HashMap<String, String>) -> ApiResult<ListOptions> {
@@ -316,13 +392,15 @@ fn decode_object(headers: &HeaderMap, bytes: &[u8]) -> ApiResult<Value> {
     match content_type(headers).as_str() {
         "" | "application/json" | "*/*" => serde_json::from_slice(bytes)
             .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}"))),
+        crate::protobuf::MEDIA_TYPE => crate::protobuf::decode(bytes)
+            .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as protobuf: {e}"))),
         "application/yaml" | "application/x-yaml" | "text/yaml" => {
             let v: Value = serde_yaml::from_slice(bytes)
                 .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as YAML: {e}")))?;
             Ok(v)
         }
         other => Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format ({other}) - accepted media types include: application/json, application/yaml"
+            "the body of the request was in an unknown format ({other}) - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf"
         ))),
     }
 }
@@ -349,6 +427,9 @@ async fn resource_request(
     };
     if !res.namespaced && rp.namespace.is_some() {
         return Err(not_found_path());
+    }
+    if res.group == "events.k8s.io" {
+        return events_view(state, method, headers, query, rp, body).await;
     }
     if res.namespaced && rp.namespace.is_none() && rp.name.is_some() {
         return Err(not_found_path());
@@ -399,7 +480,7 @@ async fn resource_request(
                     negate: false,
                 });
             }
-            serve_watch(state, res, rp.namespace.clone(), opts, query).await
+            serve_watch(state, res, rp.namespace.clone(), opts, query, None).await
         }
         ("create", None) => {
             if rp.name.is_some() || (res.namespaced && rp.namespace.is_none()) {
@@ -434,6 +515,22 @@ async fn resource_request(
             let ptype = patch_type(headers)?;
             let bytes = read_body(headers, body).await?;
             let opts = write_options(query)?;
+            if ptype == PatchType::Apply {
+                if sub.is_some() {
+                    return Err(ApiError::unsupported_media_type(
+                        "server-side apply of a subresource is not supported - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+                    ));
+                }
+                let config = crate::registry::apply::parse_config(res, &name, &bytes)?;
+                let apply_opts = crate::registry::apply::ApplyOptions {
+                    field_manager: query.get("fieldManager").map(String::as_str).unwrap_or_default(),
+                    force: q_bool(query, "force")?.unwrap_or(false),
+                    write: opts,
+                };
+                let (out, created) = reg.apply(res, &ns, &name, config, &apply_opts).await?;
+                let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+                return Ok(respond_object(code, res, out.object, table, query, &out.warnings));
+            }
             let kind = if sub == Some(Sub::Status) { UpdateKind::Status } else { UpdateKind::Main };
             let out = reg.patch(res, &ns, &name, ptype, &bytes, kind, &opts).await?;
             Ok(respond_object(StatusCode::OK, res, out.object, table, query, &out.warnings))
@@ -486,10 +583,11 @@ async fn resource_request(
                     let cur_scale = scale_of(res, current)?;
                     let desired = match (&body_scale, ptype) {
                         (Some(b), _) => b.clone(),
-                        (None, Some(pt)) => crate::patch::apply(pt, &cur_scale, &bytes).map_err(|e| match e {
-                            crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
-                            crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
-                        })?,
+                        (None, Some(pt)) => crate::patch::apply(pt, &cur_scale, &bytes, ("autoscaling", "v1", "Scale"))
+                            .map_err(|e| match e {
+                                crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
+                                crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
+                            })?,
                         (None, None) => cur_scale.clone(),
                     };
                     let (replicas, precondition) = check_scale(&desired, &cur_scale, &name)?;
@@ -529,6 +627,29 @@ async fn resource_request(
                 &[],
             ))
         }
+        // ---- pods/log: proxied to the node's kubelet
+        ("get", Some(Sub::NotYetServed("log", _))) if res.plural == "pods" => {
+            let pod = reg.get(res, &ns, &name).await?;
+            let container = crate::proxy::log_container(&pod, query.get("container").map(String::as_str))?;
+            let node_name = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or_default();
+            if node_name.is_empty() {
+                return Err(ApiError::bad_request(format!("pod {name} does not have a host assigned")));
+            }
+            let nodes = resources::find("", "v1", "nodes").ok_or_else(|| ApiError::internal("no nodes resource"))?;
+            let node = reg.get(nodes, "", node_name).await?;
+            let (host, port) = crate::proxy::kubelet_address(&node)?;
+            let path = format!("/containerLogs/{ns}/{name}/{container}{}", crate::proxy::log_query(query));
+            crate::proxy::proxy_get(&host, port, &path).await
+        }
+        // ---- nodes/proxy: GET proxied to the node's kubelet
+        ("get", Some(Sub::NotYetServed("proxy", _))) if res.plural == "nodes" => {
+            let node = reg.get(res, "", &name).await?;
+            let (host, port) = crate::proxy::kubelet_address(&node)?;
+            let mut q: Vec<String> = query.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            q.sort();
+            let q = if q.is_empty() { String::new() } else { format!("?{}", q.join("&").replace([' ', '#'], "")) };
+            crate::proxy::proxy_get(&host, port, &format!("/{}{q}", rp.subpath)).await
+        }
         (_, Some(Sub::NotYetServed(what, needs))) => {
             Err(ApiError::not_found_message(format!("{}/{what} is not served yet (it needs {needs})", res.plural)))
         }
@@ -539,12 +660,9 @@ async fn resource_request(
 fn patch_type(headers: &HeaderMap) -> ApiResult<PatchType> {
     let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     match PatchType::from_content_type(ct) {
-        Some(PatchType::Apply) => Err(ApiError::unsupported_media_type(
-            "server-side apply (application/apply-patch+yaml) is not supported yet - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
-        )),
         Some(p) => Ok(p),
         None => Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format ({ct}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
+            "the body of the request was in an unknown format ({ct}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml"
         ))),
     }
 }
@@ -558,8 +676,13 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> ApiResult<Del
         ..Default::default()
     };
     if !body.iter().all(u8::is_ascii_whitespace) {
-        let v: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("the DeleteOptions body could not be decoded: {e}")))?;
+        let v: Value = if body.starts_with(b"k8s\0") {
+            crate::protobuf::decode(body)
+                .map_err(|e| ApiError::bad_request(format!("the DeleteOptions body could not be decoded: {e}")))?
+        } else {
+            serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("the DeleteOptions body could not be decoded: {e}")))?
+        };
         if let Some(g) = v.get("gracePeriodSeconds").and_then(Value::as_i64) {
             opts.grace_period_seconds = Some(g);
         }
@@ -606,6 +729,127 @@ fn respond_object(
         return json_response(code, &crate::table::to_table(res, &list, query), warnings);
     }
     json_response(code, &obj, warnings)
+}
+
+// ------------------------------------------------------------------ events.k8s.io/v1
+
+/// events.k8s.io/v1 Events: every verb on the core/v1 Events, converted.
+async fn events_view(
+    state: &Arc<AppState>,
+    method: &Method,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+    rp: ResourcePath,
+    body: Body,
+) -> ApiResult<Response> {
+    use crate::eventsview::{core_field, from_v1, to_v1};
+    let core = resources::find("", "v1", "events").ok_or_else(|| ApiError::internal("no events resource"))?;
+    if rp.subresource.is_some() {
+        return Err(not_found_path());
+    }
+    let watch_param = q_bool(query, "watch")?.unwrap_or(false);
+    let verb = requestinfo::verb(method, &rp, watch_param);
+    let ns = rp.namespace.clone().unwrap_or_default();
+    let name = rp.name.clone().unwrap_or_default();
+    let reg = &state.registry;
+    let table = wants_table(headers);
+    let respond = |code: StatusCode, obj: Value, warnings: &[String]| -> Response {
+        if table {
+            return respond_object(code, core, obj, true, query, warnings);
+        }
+        json_response(code, &to_v1(&obj), warnings)
+    };
+    let list_opts = || -> ApiResult<ListOptions> {
+        let mut opts = list_options(query)?;
+        for r in opts.field_selector.requirements.iter_mut() {
+            r.field = core_field(&r.field);
+        }
+        Ok(opts)
+    };
+    let convert_list = |mut list: Value| -> Value {
+        if let Some(items) = list.get_mut("items").and_then(Value::as_array_mut) {
+            for i in items.iter_mut() {
+                *i = to_v1(i);
+            }
+        }
+        list["apiVersion"] = json!("events.k8s.io/v1");
+        list["kind"] = json!("EventList");
+        list
+    };
+    match verb {
+        "get" => Ok(respond(StatusCode::OK, reg.get(core, &ns, &name).await?, &[])),
+        "list" => {
+            let list = reg.list(core, rp.namespace.as_deref(), &list_opts()?).await?;
+            if table {
+                return Ok(json_response(StatusCode::OK, &crate::table::to_table(core, &list, query), &[]));
+            }
+            Ok(json_response(StatusCode::OK, &convert_list(list), &[]))
+        }
+        "watch" => {
+            let mut opts = list_opts()?;
+            if rp.name.is_some() {
+                opts.field_selector.requirements.push(crate::selectors::FieldRequirement {
+                    field: "metadata.name".into(),
+                    value: name.clone(),
+                    negate: false,
+                });
+            }
+            serve_watch(state, core, rp.namespace.clone(), opts, query, Some(to_v1)).await
+        }
+        "create" if rp.name.is_none() && rp.namespace.is_some() => {
+            let bytes = read_body(headers, body).await?;
+            let obj = from_v1(&decode_object(headers, &bytes)?);
+            let out = reg.create(core, &ns, obj, &write_options(query)?).await?;
+            Ok(respond(StatusCode::CREATED, out.object, &out.warnings))
+        }
+        "update" if rp.name.is_some() => {
+            let bytes = read_body(headers, body).await?;
+            let obj = from_v1(&decode_object(headers, &bytes)?);
+            let (out, created) = reg.update(core, &ns, &name, obj, UpdateKind::Main, &write_options(query)?).await?;
+            Ok(respond(if created { StatusCode::CREATED } else { StatusCode::OK }, out.object, &out.warnings))
+        }
+        "patch" if rp.name.is_some() => {
+            let ptype = patch_type(headers)?;
+            if ptype == PatchType::Apply {
+                return Err(ApiError::unsupported_media_type(
+                    "server-side apply of events.k8s.io/v1 Events is not supported - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+                ));
+            }
+            let bytes = read_body(headers, body).await?;
+            let opts = write_options(query)?;
+            let out = reg
+                .guaranteed_update(core, &ns, &name, UpdateKind::Main, &opts, |current| {
+                    let Some(current) = current else { return Ok(None) };
+                    let patched = crate::patch::apply(ptype, &to_v1(current), &bytes, ("events.k8s.io", "v1", "Event"))
+                        .map_err(|e| match e {
+                            crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
+                            crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
+                        })?;
+                    let (obj, _) = reg.decode_body(core, Some(&ns), from_v1(&patched), opts.field_validation)?;
+                    Ok(Some(Intent { object: obj, precondition: None }))
+                })
+                .await?;
+            Ok(respond(StatusCode::OK, out.object, &out.warnings))
+        }
+        "delete" if rp.name.is_some() => {
+            let bytes = read_body(headers, body).await?;
+            let opts = delete_options(query, &bytes)?;
+            let obj = match reg.delete(core, &ns, &name, &opts).await? {
+                Deleted::Now(o) | Deleted::Marked(o) => o,
+            };
+            let uid = obj.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
+            let mut status = success_status(core, &name, uid);
+            status["details"]["group"] = json!("events.k8s.io");
+            Ok(json_response(StatusCode::OK, &status, &[]))
+        }
+        "deletecollection" => {
+            let bytes = read_body(headers, body).await?;
+            let opts = delete_options(query, &bytes)?;
+            let list = reg.delete_collection(core, rp.namespace.as_deref(), &list_opts()?, &opts).await?;
+            Ok(json_response(StatusCode::OK, &convert_list(list), &[]))
+        }
+        _ => Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource")),
+    }
 }
 
 // ------------------------------------------------------------------ scale
@@ -741,12 +985,16 @@ async fn bind_pod(
 
 // ------------------------------------------------------------------ watch
 
+/// A converted view of the stored objects (events.k8s.io/v1 over core/v1 Events).
+type View = fn(&Value) -> Value;
+
 async fn serve_watch(
     state: &Arc<AppState>,
     res: &'static ResourceDef,
     ns: Option<String>,
     opts: ListOptions,
     query: &HashMap<String, String>,
+    view: Option<View>,
 ) -> ApiResult<Response> {
     Registry::check_field_selector(res, &opts.field_selector)?;
     let bookmarks = q_bool(query, "allowWatchBookmarks")?.unwrap_or(false);
@@ -816,7 +1064,11 @@ async fn serve_watch(
             )
             .await?;
         for item in list["items"].as_array().into_iter().flatten() {
-            initial.push(watch::event_line("ADDED", &serde_json::to_vec(item).unwrap_or_default()));
+            let item = match view {
+                Some(f) => f(item),
+                None => item.clone(),
+            };
+            initial.push(watch::event_line("ADDED", &serde_json::to_vec(&item).unwrap_or_default()));
         }
         list.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|s| s.parse().ok()).unwrap_or(0)
     } else {
@@ -861,7 +1113,7 @@ async fn serve_watch(
                 for ev in backlog {
                     last = last.max(ev.revision);
                     if let Some(t) = watch::event_type(&ev, &filter) {
-                        if !send(watch::event_line(t, &ev.object_json)).await {
+                        if !send(view_line(t, &ev, view)).await {
                             return;
                         }
                     }
@@ -878,7 +1130,7 @@ async fn serve_watch(
                                 if ev.revision <= after { continue; }
                                 last = last.max(ev.revision);
                                 if let Some(t) = watch::event_type(&ev, &filter) {
-                                    if !send(watch::event_line(t, &ev.object_json)).await { return; }
+                                    if !send(view_line(t, &ev, view)).await { return; }
                                 }
                             }
                             // Too slow, or the cache was reset: end the stream; the client
@@ -912,7 +1164,7 @@ async fn serve_watch(
                                 };
                                 last = last.max(ev.revision);
                                 if let Some(t) = watch::event_type(&ev, &filter) {
-                                    if !send(watch::event_line(t, &ev.object_json)).await { return; }
+                                    if !send(view_line(t, &ev, view)).await { return; }
                                 }
                             }
                             Some(Err(e)) => {
@@ -934,6 +1186,14 @@ async fn serve_watch(
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
     Ok(resp)
+}
+
+/// One watch event line, through the view when there is one.
+fn view_line(t: &str, ev: &watch::CachedEvent, view: Option<View>) -> Bytes {
+    match view {
+        Some(f) => watch::event_line(t, &serde_json::to_vec(&f(&ev.object)).unwrap_or_default()),
+        None => watch::event_line(t, &ev.object_json),
+    }
 }
 
 /// The error event for a failed storage watch; a compaction is reported with the

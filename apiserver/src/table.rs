@@ -84,38 +84,7 @@ fn i(v: Option<&Value>) -> i64 {
     v.and_then(Value::as_i64).unwrap_or(0)
 }
 
-/// Kubernetes' short human durations ("5s", "3m20s", "4h", "2d").
-pub fn human_duration(secs: i64) -> String {
-    let secs = secs.max(0);
-    if secs < 120 {
-        return format!("{secs}s");
-    }
-    let mins = secs / 60;
-    if mins < 10 {
-        let s = secs % 60;
-        return if s == 0 { format!("{mins}m") } else { format!("{mins}m{s}s") };
-    }
-    if mins < 180 {
-        return format!("{mins}m");
-    }
-    let hours = mins / 60;
-    if hours < 8 {
-        let m = mins % 60;
-        return if m == 0 { format!("{hours}h") } else { format!("{hours}h{m}m") };
-    }
-    if hours < 48 {
-        return format!("{hours}h");
-    }
-    let days = hours / 24;
-    if days < 8 {
-        let h = hours % 24;
-        return if h == 0 { format!("{days}d") } else { format!("{days}d{h}h") };
-    }
-    if days < 365 * 2 {
-        return format!("{days}d");
-    }
-    format!("{}y", days / 365)
-}
+pub use apimachinery::duration::human_duration;
 
 fn age(obj: &Value) -> String {
     let Some(ts) = obj.pointer("/metadata/creationTimestamp").and_then(Value::as_str) else {
@@ -125,6 +94,73 @@ fn age(obj: &Value) -> String {
         Ok(t) => human_duration(jiff::Timestamp::now().as_second() - t.as_second()),
         Err(_) => "<unknown>".into(),
     }
+}
+
+/// `translateTimestampSince`: "<unknown>" for a missing time.
+fn since(ts: Option<&Value>) -> String {
+    match ts.and_then(Value::as_str).map(|t| t.parse::<jiff::Timestamp>()) {
+        Some(Ok(t)) => human_duration(jiff::Timestamp::now().as_second() - t.as_second()),
+        _ => "<unknown>".into(),
+    }
+}
+
+/// Event columns (printers.go `eventColumnDefinitions`): no leading Name; Name is a wide column.
+fn event_table() -> (Vec<Value>, fn(&Value) -> Vec<Value>) {
+    let c = |name: &str, priority: i64, format: &str| json!({"name": name, "type": "string", "format": format, "description": "", "priority": priority});
+    let cols = vec![
+        c("Last Seen", 0, ""),
+        c("Type", 0, ""),
+        c("Reason", 0, ""),
+        c("Object", 0, ""),
+        c("Subobject", 1, ""),
+        c("Source", 1, ""),
+        c("Message", 0, ""),
+        c("First Seen", 1, ""),
+        c("Count", 1, ""),
+        c("Name", 1, "name"),
+    ];
+    fn cells(o: &Value) -> Vec<Value> {
+        let mut first = since(o.get("firstTimestamp"));
+        if o.get("firstTimestamp").is_none_or(Value::is_null) {
+            first = since(o.get("eventTime"));
+        }
+        let mut last = if o.get("lastTimestamp").is_none_or(Value::is_null) {
+            first.clone()
+        } else {
+            since(o.get("lastTimestamp"))
+        };
+        let mut count = o.get("count").and_then(Value::as_i64).unwrap_or(0);
+        if let Some(series) = o.get("series").filter(|x| x.is_object()) {
+            last = since(series.get("lastObservedTime"));
+            count = series.get("count").and_then(Value::as_i64).unwrap_or(0);
+        } else if count == 0 {
+            count = 1;
+        }
+        let mut component = s(o.pointer("/source/component"));
+        if component.is_empty() {
+            component = s(o.get("reportingComponent"));
+        }
+        let mut host = s(o.pointer("/source/host"));
+        if host.is_empty() {
+            host = s(o.get("reportingInstance"));
+        }
+        let source = if host.is_empty() { component } else { format!("{component}, {host}") };
+        let object =
+            format!("{}/{}", s(o.pointer("/involvedObject/kind")).to_lowercase(), s(o.pointer("/involvedObject/name")));
+        vec![
+            json!(last),
+            json!(s(o.get("type"))),
+            json!(s(o.get("reason"))),
+            json!(object),
+            json!(s(o.pointer("/involvedObject/fieldPath"))),
+            json!(source),
+            json!(s(o.get("message")).trim()),
+            json!(first),
+            json!(count.to_string()),
+            json!(s(o.pointer("/metadata/name"))),
+        ]
+    }
+    (cols, cells)
 }
 
 fn cells(res: &ResourceDef, o: &Value) -> Vec<Value> {
@@ -290,18 +326,68 @@ fn cells(res: &ResourceDef, o: &Value) -> Vec<Value> {
 }
 
 /// Convert a list (`{"metadata":…, "items":[…]}`) to a meta.k8s.io/v1 Table.
+/// Columns and cells of a custom resource: Name and its additionalPrinterColumns (Age when
+/// it declares none), as the apiextensions apiserver prints them.
+fn custom_table(info: &crate::resources::CustomInfo) -> (Vec<Value>, Box<dyn Fn(&Value) -> Vec<Value> + '_>) {
+    let mut cols = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
+    ];
+    if info.printer_columns.is_empty() {
+        cols.push(json!({"name": "Age", "type": "date", "format": "", "description": "", "priority": 0}));
+        return (cols, Box::new(|o: &Value| vec![json!(s(o.pointer("/metadata/name"))), json!(age(o))]));
+    }
+    for (name, ty, _, priority) in &info.printer_columns {
+        cols.push(json!({"name": name, "type": ty, "format": "", "description": "", "priority": priority}));
+    }
+    let cells = move |o: &Value| {
+        let mut c = vec![json!(s(o.pointer("/metadata/name")))];
+        for (_, ty, path, _) in &info.printer_columns {
+            let v = crate::registry::crd::json_path(o, path).cloned().unwrap_or(Value::Null);
+            // Dates print as ages, as the apiextensions table convertor does.
+            let v = match (ty.as_str(), v.as_str().map(|t| t.parse::<jiff::Timestamp>())) {
+                ("date", Some(Ok(t))) => json!(human_duration(jiff::Timestamp::now().as_second() - t.as_second())),
+                _ => v,
+            };
+            c.push(v);
+        }
+        c
+    };
+    (cols, Box::new(cells))
+}
+
 pub fn to_table(res: &ResourceDef, list: &Value, query: &HashMap<String, String>) -> Value {
-    let cols: Vec<Value> = columns(res)
-        .iter()
-        .map(|c| json!({"name": c.name, "type": c.ty, "format": c.format, "description": c.description, "priority": c.priority}))
-        .collect();
+    let (cols, custom_cells) = match res.custom {
+        Some(info) => {
+            let (c, f) = custom_table(info);
+            (c, Some(f))
+        }
+        None if res.group.is_empty() && res.plural == "events" => {
+            let (c, f) = event_table();
+            (c, Some(Box::new(f) as Box<dyn Fn(&Value) -> Vec<Value>>))
+        }
+        None if kind_table(res).is_some() => match kind_table(res) {
+            Some((c, f)) => (c, Some(Box::new(f) as Box<dyn Fn(&Value) -> Vec<Value>>)),
+            None => (vec![], None),
+        },
+        None => (
+            columns(res)
+                .iter()
+                .map(|c| json!({"name": c.name, "type": c.ty, "format": c.format, "description": c.description, "priority": c.priority}))
+                .collect(),
+            None,
+        ),
+    };
     let include = query.get("includeObject").map(String::as_str).unwrap_or("PartialObjectMetadata");
     let rows: Vec<Value> = list["items"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|o| {
-            let mut row = json!({"cells": cells(res, o)});
+            let row_cells = match &custom_cells {
+                Some(f) => f(o),
+                None => cells(res, o),
+            };
+            let mut row = json!({"cells": row_cells});
             match include {
                 "None" => {}
                 "Object" => row["object"] = o.clone(),
@@ -355,4 +441,436 @@ mod tests {
         assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
         assert_eq!(t["columnDefinitions"].as_array().unwrap().len(), 7);
     }
+}
+
+// ------------------------------------------------------------------ more kinds (printers.go)
+
+fn none_if_empty(v: String) -> String {
+    if v.is_empty() {
+        "<none>".into()
+    } else {
+        v
+    }
+}
+
+fn access_modes(o: &Value, pointer: &str) -> String {
+    let modes: Vec<&str> = o
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|m| match m {
+            "ReadWriteOnce" => "RWO",
+            "ReadOnlyMany" => "ROX",
+            "ReadWriteMany" => "RWX",
+            "ReadWriteOncePod" => "RWOP",
+            other => other,
+        })
+        .collect();
+    modes.join(",")
+}
+
+fn condition_true(o: &Value, ty: &str) -> bool {
+    o.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| {
+        cs.iter().any(|c| c.get("type") == Some(&json!(ty)) && c.get("status") == Some(&json!("True")))
+    })
+}
+
+fn seconds_between(from: Option<&Value>, to: Option<&Value>) -> Option<i64> {
+    let p = |v: Option<&Value>| v.and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let from = p(from)?;
+    let to = p(to).unwrap_or_else(jiff::Timestamp::now);
+    Some(to.as_second() - from.as_second())
+}
+
+type CellsFn = fn(&Value) -> Vec<Value>;
+
+/// Kinds whose columns differ from the NAME … AGE pattern of [`columns`].
+fn kind_table(res: &ResourceDef) -> Option<(Vec<Value>, CellsFn)> {
+    let c = |name: &str, ty: &str, priority: i64| json!({"name": name, "type": ty, "format": if name == "Name" { "name" } else { "" }, "description": "", "priority": priority});
+    let cols = |spec: &[(&str, &str, i64)]| -> Vec<Value> { spec.iter().map(|(n, t, p)| c(n, t, *p)).collect() };
+    let name = |o: &Value| json!(s(o.pointer("/metadata/name")));
+    Some(match (res.group, res.plural) {
+        ("apps", "daemonsets") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Desired", "integer", 0),
+                ("Current", "integer", 0),
+                ("Ready", "integer", 0),
+                ("Up-to-date", "integer", 0),
+                ("Available", "integer", 0),
+                ("Node Selector", "string", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let sel: Vec<String> = o
+                    .pointer("/spec/template/spec/nodeSelector")
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect();
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(i(o.pointer("/status/desiredNumberScheduled"))),
+                    json!(i(o.pointer("/status/currentNumberScheduled"))),
+                    json!(i(o.pointer("/status/numberReady"))),
+                    json!(i(o.pointer("/status/updatedNumberScheduled"))),
+                    json!(i(o.pointer("/status/numberAvailable"))),
+                    json!(none_if_empty(sel.join(","))),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("batch", "jobs") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Status", "string", 0),
+                ("Completions", "string", 0),
+                ("Duration", "string", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let status = if condition_true(o, "Complete") {
+                    "Complete"
+                } else if condition_true(o, "Failed") {
+                    "Failed"
+                } else if condition_true(o, "Suspended") {
+                    "Suspended"
+                } else if condition_true(o, "FailureTarget") {
+                    "FailureTarget"
+                } else if condition_true(o, "SuccessCriteriaMet") {
+                    "SuccessCriteriaMet"
+                } else {
+                    "Running"
+                };
+                let completions = match o.pointer("/spec/completions").and_then(Value::as_i64) {
+                    Some(n) => format!("{}/{n}", i(o.pointer("/status/succeeded"))),
+                    None => {
+                        let p = o.pointer("/spec/parallelism").and_then(Value::as_i64).unwrap_or(1);
+                        if p > 1 {
+                            format!("{}/1 of {p}", i(o.pointer("/status/succeeded")))
+                        } else {
+                            format!("{}/1", i(o.pointer("/status/succeeded")))
+                        }
+                    }
+                };
+                let duration = seconds_between(o.pointer("/status/startTime"), o.pointer("/status/completionTime"))
+                    .map(human_duration)
+                    .unwrap_or_default();
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(status),
+                    json!(completions),
+                    json!(duration),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("batch", "cronjobs") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Schedule", "string", 0),
+                ("Timezone", "string", 0),
+                ("Suspend", "boolean", 0),
+                ("Active", "integer", 0),
+                ("Last Schedule", "string", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let last = match o.pointer("/status/lastScheduleTime") {
+                    Some(t) => since(Some(t)),
+                    None => "<none>".into(),
+                };
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(s(o.pointer("/spec/schedule"))),
+                    json!(none_if_empty(s(o.pointer("/spec/timeZone")))),
+                    json!(if o.pointer("/spec/suspend") == Some(&json!(true)) { "True" } else { "False" }),
+                    json!(o.pointer("/status/active").and_then(Value::as_array).map_or(0, Vec::len)),
+                    json!(last),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("autoscaling", "horizontalpodautoscalers") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Reference", "string", 0),
+                ("Targets", "string", 0),
+                ("MinPods", "string", 0),
+                ("MaxPods", "string", 0),
+                ("Replicas", "string", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let reference = format!(
+                    "{}/{}",
+                    s(o.pointer("/spec/scaleTargetRef/kind")),
+                    s(o.pointer("/spec/scaleTargetRef/name"))
+                );
+                let current =
+                    o.pointer("/status/currentMetrics").and_then(Value::as_array).cloned().unwrap_or_default();
+                let targets: Vec<String> = o
+                    .pointer("/spec/metrics")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .enumerate()
+                    .map(|(idx, m)| {
+                        let kind = s(m.get("type"));
+                        let key = match kind.as_str() {
+                            "Resource" => "resource",
+                            "ContainerResource" => "containerResource",
+                            "Pods" => "pods",
+                            "Object" => "object",
+                            _ => "external",
+                        };
+                        let quantity = |t: Option<&Value>| -> Option<String> {
+                            let t = t?;
+                            if let Some(u) = t.get("averageUtilization").and_then(Value::as_i64) {
+                                return Some(format!("{u}%"));
+                            }
+                            t.get("averageValue").or_else(|| t.get("value")).map(|v| s(Some(v)))
+                        };
+                        let target =
+                            quantity(m.pointer(&format!("/{key}/target"))).unwrap_or_else(|| "<unknown>".into());
+                        let cur = quantity(current.get(idx).and_then(|c| c.pointer(&format!("/{key}/current"))))
+                            .unwrap_or_else(|| "<unknown>".into());
+                        let label = match key {
+                            "resource" | "containerResource" => format!("{}: ", s(m.pointer(&format!("/{key}/name")))),
+                            _ => String::new(),
+                        };
+                        format!("{label}{cur}/{target}")
+                    })
+                    .collect();
+                let min = o
+                    .pointer("/spec/minReplicas")
+                    .and_then(Value::as_i64)
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "<unset>".into());
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(reference),
+                    json!(if targets.is_empty() { "<none>".to_string() } else { targets.join(", ") }),
+                    json!(min),
+                    json!(i(o.pointer("/spec/maxReplicas")).to_string()),
+                    json!(i(o.pointer("/status/currentReplicas")).to_string()),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("", "endpoints") => (cols(&[("Name", "string", 0), ("Endpoints", "string", 0), ("Age", "string", 0)]), |o| {
+            let mut eps = Vec::new();
+            for subset in o.get("subsets").and_then(Value::as_array).into_iter().flatten() {
+                let ports: Vec<i64> = subset
+                    .get("ports")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|p| i(p.get("port")))
+                    .collect();
+                for a in subset.get("addresses").and_then(Value::as_array).into_iter().flatten() {
+                    let ip = s(a.get("ip"));
+                    if ports.is_empty() {
+                        eps.push(ip.clone());
+                    }
+                    for p in &ports {
+                        eps.push(format!("{ip}:{p}"));
+                    }
+                }
+            }
+            let shown = if eps.len() > 3 {
+                format!("{} + {} more...", eps[..3].join(","), eps.len() - 3)
+            } else {
+                eps.join(",")
+            };
+            vec![json!(s(o.pointer("/metadata/name"))), json!(none_if_empty(shown)), json!(age(o))]
+        }),
+        ("storage.k8s.io", "storageclasses") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Provisioner", "string", 0),
+                ("ReclaimPolicy", "string", 0),
+                ("VolumeBindingMode", "string", 0),
+                ("AllowVolumeExpansion", "string", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let mut n = s(o.pointer("/metadata/name"));
+                if o.pointer("/metadata/annotations/storageclass.kubernetes.io~1is-default-class")
+                    == Some(&json!("true"))
+                {
+                    n.push_str(" (default)");
+                }
+                let rp = s(o.get("reclaimPolicy"));
+                let vbm = s(o.get("volumeBindingMode"));
+                vec![
+                    json!(n),
+                    json!(s(o.get("provisioner"))),
+                    json!(if rp.is_empty() { "Delete".to_string() } else { rp }),
+                    json!(if vbm.is_empty() { "Immediate".to_string() } else { vbm }),
+                    json!(if o.get("allowVolumeExpansion") == Some(&json!(true)) { "true" } else { "false" }),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("networking.k8s.io", "ingresses") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Class", "string", 0),
+                ("Hosts", "string", 0),
+                ("Address", "string", 0),
+                ("Ports", "string", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let hosts: Vec<String> = o
+                    .pointer("/spec/rules")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|r| s(r.get("host")))
+                    .map(|h| if h.is_empty() { "*".to_string() } else { h })
+                    .collect();
+                let addrs: Vec<String> = o
+                    .pointer("/status/loadBalancer/ingress")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|x| {
+                        let ip = s(x.get("ip"));
+                        if ip.is_empty() {
+                            s(x.get("hostname"))
+                        } else {
+                            ip
+                        }
+                    })
+                    .collect();
+                let tls = o.pointer("/spec/tls").and_then(Value::as_array).is_some_and(|t| !t.is_empty());
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(none_if_empty(s(o.pointer("/spec/ingressClassName")))),
+                    json!(if hosts.is_empty() { "*".to_string() } else { hosts.join(",") }),
+                    json!(addrs.join(",")),
+                    json!(if tls { "80, 443" } else { "80" }),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("coordination.k8s.io", "leases") => {
+            (cols(&[("Name", "string", 0), ("Holder", "string", 0), ("Age", "string", 0)]), |o| {
+                vec![json!(s(o.pointer("/metadata/name"))), json!(s(o.pointer("/spec/holderIdentity"))), json!(age(o))]
+            })
+        }
+        ("", "serviceaccounts") => {
+            (cols(&[("Name", "string", 0), ("Secrets", "string", 0), ("Age", "string", 0)]), |o| {
+                let n = o.get("secrets").and_then(Value::as_array).map_or(0, Vec::len);
+                vec![json!(s(o.pointer("/metadata/name"))), json!(n.to_string()), json!(age(o))]
+            })
+        }
+        ("rbac.authorization.k8s.io", "roles") | ("rbac.authorization.k8s.io", "clusterroles") => {
+            (cols(&[("Name", "string", 0), ("Created At", "date", 0)]), |o| {
+                vec![json!(s(o.pointer("/metadata/name"))), json!(s(o.pointer("/metadata/creationTimestamp")))]
+            })
+        }
+        ("rbac.authorization.k8s.io", "rolebindings") | ("rbac.authorization.k8s.io", "clusterrolebindings") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Role", "string", 0),
+                ("Age", "string", 0),
+                ("Users", "string", 1),
+                ("Groups", "string", 1),
+                ("ServiceAccounts", "string", 1),
+            ]),
+            |o| {
+                let subjects = o.get("subjects").and_then(Value::as_array).cloned().unwrap_or_default();
+                let of = |kind: &str| -> String {
+                    subjects
+                        .iter()
+                        .filter(|x| x.get("kind") == Some(&json!(kind)))
+                        .map(|x| {
+                            let ns = s(x.get("namespace"));
+                            let n = s(x.get("name"));
+                            if kind == "ServiceAccount" {
+                                format!("{ns}/{n}")
+                            } else {
+                                n
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(format!("{}/{}", s(o.pointer("/roleRef/kind")), s(o.pointer("/roleRef/name")))),
+                    json!(age(o)),
+                    json!(of("User")),
+                    json!(of("Group")),
+                    json!(of("ServiceAccount")),
+                ]
+            },
+        ),
+        ("", "persistentvolumes") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Capacity", "string", 0),
+                ("Access Modes", "string", 0),
+                ("Reclaim Policy", "string", 0),
+                ("Status", "string", 0),
+                ("Claim", "string", 0),
+                ("StorageClass", "string", 0),
+                ("VolumeAttributesClass", "string", 0),
+                ("Reason", "string", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let claim = match (o.pointer("/spec/claimRef/namespace"), o.pointer("/spec/claimRef/name")) {
+                    (Some(ns), Some(n)) => format!("{}/{}", s(Some(ns)), s(Some(n))),
+                    _ => String::new(),
+                };
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(s(o.pointer("/spec/capacity/storage"))),
+                    json!(access_modes(o, "/spec/accessModes")),
+                    json!(s(o.pointer("/spec/persistentVolumeReclaimPolicy"))),
+                    json!(s(o.pointer("/status/phase"))),
+                    json!(claim),
+                    json!(s(o.pointer("/spec/storageClassName"))),
+                    json!(none_if_empty(s(o.pointer("/spec/volumeAttributesClassName")))),
+                    json!(s(o.pointer("/status/reason"))),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("", "persistentvolumeclaims") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Status", "string", 0),
+                ("Volume", "string", 0),
+                ("Capacity", "string", 0),
+                ("Access Modes", "string", 0),
+                ("StorageClass", "string", 0),
+                ("VolumeAttributesClass", "string", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(s(o.pointer("/status/phase"))),
+                    json!(s(o.pointer("/spec/volumeName"))),
+                    json!(s(o.pointer("/status/capacity/storage"))),
+                    json!(access_modes(o, "/status/accessModes")),
+                    json!(s(o.pointer("/spec/storageClassName"))),
+                    json!(none_if_empty(s(o.pointer("/spec/volumeAttributesClassName")))),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        _ => {
+            let _ = name;
+            return None;
+        }
+    })
 }

@@ -1,7 +1,7 @@
 //! The official kubectl against the real apiserver, on the shared manifests.
 //!
-//! kubectl validates manifests against /openapi/v2|v3 by default; OpenAPI is served in a
-//! later issue, so these tests pass `--validate=false`.
+//! kubectl runs with its default flags, so manifests are validated (`--validate=strict`:
+//! the server's `fieldValidation=Strict`, found through /openapi/v3).
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -39,7 +39,7 @@ fn kubectl_create_get_label_annotate_scale_replace_delete() -> Result<()> {
     files.sort();
     ensure!(files.len() >= 10, "{files:?}");
     for f in &files {
-        let out = k(&["create", "--validate=false", "-f", &manifest(f)])?;
+        let out = k(&["create", "-f", &manifest(f)])?;
         ensure!(out.ok, "create -f {f}: {}", out.stderr);
     }
     // get -o yaml / json / name
@@ -81,7 +81,7 @@ fn kubectl_create_get_label_annotate_scale_replace_delete() -> Result<()> {
     ensure!(out.stdout.trim().is_empty(), "{out:?}");
     // replace keeps the allocated cluster IP and node port
     let before = k(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"])?.stdout;
-    let out = k(&["replace", "--validate=false", "-f", &manifest("04-service.yaml")])?;
+    let out = k(&["replace", "-f", &manifest("04-service.yaml")])?;
     ensure!(out.ok, "{out:?}");
     let after = k(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"])?.stdout;
     ensure!(before == after && !before.is_empty(), "{before} vs {after}");
@@ -95,7 +95,7 @@ fn kubectl_create_get_label_annotate_scale_replace_delete() -> Result<()> {
     // Errors come back as kubectl-readable Status objects.
     let out = k(&["get", "pod", "nope"])?;
     ensure!(!out.ok && out.stderr.contains("pods \"nope\" not found"), "{out:?}");
-    let out = k(&["create", "--validate=false", "-f", &manifest("01-pod.yaml")])?;
+    let out = k(&["create", "-f", &manifest("01-pod.yaml")])?;
     ensure!(!out.ok && out.stderr.contains("AlreadyExists"), "{out:?}");
     Ok(())
 }
@@ -107,11 +107,9 @@ fn kubectl_get_watch_streams_changes() -> Result<()> {
         return Ok(());
     }
     let server = ApiServer::start()?;
-    // `kubectl create configmap` sends protobuf, which is not served yet: create from YAML.
+    // (`kubectl create configmap` sends a protobuf body.)
     let cm = |n: &str| -> Result<()> {
-        let path = server.data_dir.join(format!("{n}.yaml"));
-        std::fs::write(&path, format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {n}\n"))?;
-        let out = server.kubectl(&["create", "--validate=false", "-f", &path.to_string_lossy()])?;
+        let out = server.kubectl(&["create", "configmap", n, "--from-literal=k=v"])?;
         ensure!(out.ok, "{out:?}");
         Ok(())
     };
@@ -159,8 +157,10 @@ fn old_kubectl_versions_work_too() -> Result<()> {
                 .env("KUBECONFIG", "/dev/null")
                 .output()?)
         };
-        // (`kubectl create namespace` sends protobuf from 1.32 on, which is not served yet.)
-        let out = run(&["create", "--validate=false", "-f", &manifest("03-deployment.yaml")])?;
+        // (`kubectl create namespace` sends a protobuf body from 1.31 on.)
+        let out = run(&["create", "namespace", &ns])?;
+        ensure!(out.status.success(), "{}: {}", bin.display(), String::from_utf8_lossy(&out.stderr));
+        let out = run(&["create", "-f", &manifest("03-deployment.yaml")])?;
         let err = String::from_utf8_lossy(&out.stderr);
         ensure!(out.status.success() || (i > 0 && err.contains("AlreadyExists")), "{}: {err}", bin.display());
         let out = run(&["label", "deployment", "web", &format!("seen-by-{ns}=yes")])?;

@@ -33,6 +33,8 @@ pub enum FieldValidation {
 pub struct WriteOptions {
     pub dry_run: bool,
     pub field_validation: FieldValidation,
+    /// managedFields a create starts with (server-side apply); client-sent ones are dropped.
+    pub managed_fields: Option<Value>,
 }
 
 /// A write's result.
@@ -90,7 +92,7 @@ pub enum Deleted {
     Marked(Value),
 }
 
-const MAX_RETRIES: usize = 200;
+pub const MAX_RETRIES: usize = 200;
 
 pub struct Registry {
     pub store: Arc<dyn Store>,
@@ -122,13 +124,13 @@ pub fn decode(kv: &KeyValue) -> ApiResult<Value> {
     Ok(v)
 }
 
-/// Encode for storage: without resourceVersion, selfLink and managedFields.
+/// Encode for storage: without resourceVersion and selfLink (managedFields are kept: they
+/// are server-side apply's ownership records).
 pub fn encode(obj: &Value) -> Bytes {
     let mut v = obj.clone();
     if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");
         m.remove("selfLink");
-        m.remove("managedFields");
     }
     Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
 }
@@ -498,6 +500,9 @@ impl Registry {
                 m.remove(f);
             }
         }
+        if let Some(mf) = &opts.managed_fields {
+            set_at(&mut obj, "/metadata/managedFields", mf.clone());
+        }
         set_at(&mut obj, "/metadata/uid", json!(uuid::Uuid::new_v4().to_string()));
         set_at(&mut obj, "/metadata/creationTimestamp", json!(now_rfc3339()));
         if strategy.tracks_generation() {
@@ -702,6 +707,12 @@ impl Registry {
                     }
                 }
             }
+            // An update that does not send managedFields keeps the stored ones.
+            if new.pointer("/metadata/managedFields").is_none() {
+                if let Some(mf) = old.pointer("/metadata/managedFields") {
+                    set_at(&mut new, "/metadata/managedFields", mf.clone());
+                }
+            }
             new["kind"] = json!(res.kind);
             new["apiVersion"] = json!(res.api_version());
             if old.pointer("/metadata/deletionTimestamp").is_some() {
@@ -795,10 +806,12 @@ impl Registry {
         let out = self
             .guaranteed_update(res, ns, name, kind, opts, |current| {
                 let Some(current) = current else { return Ok(None) };
-                let patched = crate::patch::apply(ptype, current, body).map_err(|e| match e {
-                    crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
-                    crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
-                })?;
+                let patched = crate::patch::apply(ptype, current, body, (res.group, res.version, res.kind)).map_err(
+                    |e| match e {
+                        crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
+                        crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
+                    },
+                )?;
                 let cur_rv = meta_str(current, "resourceVersion").to_string();
                 let new_rv = meta_str(&patched, "resourceVersion").to_string();
                 // A patch that sets resourceVersion makes it a precondition.
@@ -1144,6 +1157,6 @@ mod tests {
     fn encode_strips_rv() {
         let b = encode(&json!({"metadata": {"name": "x", "resourceVersion": "5", "managedFields": []}}));
         let v: Value = serde_json::from_slice(&b).unwrap();
-        assert_eq!(v, json!({"metadata": {"name": "x"}}));
+        assert_eq!(v, json!({"metadata": {"name": "x", "managedFields": []}}));
     }
 }

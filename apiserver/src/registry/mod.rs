@@ -6,6 +6,8 @@ use serde_json::{Map, Value};
 use crate::error::FieldError;
 use crate::validation::NameRule;
 
+pub mod apply;
+pub mod crd;
 pub mod generic;
 pub mod kinds;
 pub mod pod;

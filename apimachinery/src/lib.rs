@@ -1,0 +1,10 @@
+//! MiniK8s API machinery: pure functions that the apiserver and our kubectl share.
+//!
+//! - [`strategicpatch`] — Kubernetes' strategic merge patch, driven by the OpenAPI schema's
+//!   `x-kubernetes-patch-merge-key` / `x-kubernetes-patch-strategy` extensions.
+//! - [`fieldmanager`] — server-side apply: managedFields, conflicts, the apply merge.
+//! - [`duration`] — the short human durations `kubectl get` prints in AGE columns.
+
+pub mod duration;
+pub mod fieldmanager;
+pub mod strategicpatch;

@@ -1,0 +1,176 @@
+//! CustomResourceDefinitions with the official kubectl: a CRD is served at once (discovery,
+//! routing), its resources are defaulted and validated from openAPIV3Schema, print their
+//! additionalPrinterColumns, scale through the scale subresource, and go away with the CRD.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Result};
+use e2e::{official_kubectls, ApiServer};
+
+const CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: crontabs.stable.example.com
+spec:
+  group: stable.example.com
+  scope: Namespaced
+  names:
+    plural: crontabs
+    singular: crontab
+    kind: CronTab
+    shortNames: [ct]
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+      scale:
+        specReplicasPath: .spec.replicas
+        statusReplicasPath: .status.replicas
+    additionalPrinterColumns:
+    - name: Spec
+      type: string
+      jsonPath: .spec.cronSpec
+    - name: Replicas
+      type: integer
+      jsonPath: .spec.replicas
+    - name: Age
+      type: date
+      jsonPath: .metadata.creationTimestamp
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            required: [cronSpec]
+            properties:
+              cronSpec: {type: string}
+              image: {type: string}
+              replicas: {type: integer, default: 1}
+              mode: {type: string, enum: [Fast, Slow]}
+          status:
+            type: object
+            x-kubernetes-preserve-unknown-fields: true
+"#;
+
+const CLUSTER_CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: meshes.mesh.minik8s.io
+spec:
+  group: mesh.minik8s.io
+  scope: Cluster
+  names: {plural: meshes, singular: mesh, kind: Mesh}
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-preserve-unknown-fields: true
+"#;
+
+#[test]
+fn crd_lifecycle_with_kubectl() -> Result<()> {
+    for (v, bin) in official_kubectls(&["1.33", "1.27"]) {
+        let server = ApiServer::start()?;
+        let k = |args: &[&str]| server.kubectl_bin(&bin, args);
+        let write = |name: &str, text: &str| -> Result<String> {
+            let p = server.data_dir.join(name);
+            std::fs::write(&p, text)?;
+            Ok(p.to_string_lossy().into_owned())
+        };
+        let crd = write("crd.yaml", CRD)?;
+        let out = k(&["apply", "-f", &crd])?;
+        ensure!(out.ok, "kubectl {v} apply crd: {}", out.stderr);
+        let out = k(&["wait", "--for=condition=established", "crd/crontabs.stable.example.com", "--timeout=20s"])?;
+        ensure!(out.ok, "kubectl {v} wait: {out:?}");
+        // Served within a second or so: discovery lists it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let out = k(&["api-resources", "--api-group=stable.example.com"])?;
+            if out.stdout.contains("crontabs") {
+                ensure!(out.stdout.contains("ct") && out.stdout.contains("CronTab"), "{out:?}");
+                break;
+            }
+            ensure!(Instant::now() < deadline, "kubectl {v}: CRD not in discovery: {out:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let cr = write(
+            "ct.yaml",
+            "apiVersion: stable.example.com/v1\nkind: CronTab\nmetadata:\n  name: my-cron\nspec:\n  cronSpec: \"* * * * */5\"\n  image: my-cron-image\n",
+        )?;
+        let out = k(&["apply", "-f", &cr])?;
+        ensure!(out.ok && out.stdout.contains("crontab.stable.example.com/my-cron created"), "kubectl {v}: {out:?}");
+        let out = k(&["apply", "-f", &cr])?;
+        ensure!(out.ok && out.stdout.contains("unchanged"), "kubectl {v}: {out:?}");
+        // Printer columns, defaulting.
+        let out = k(&["get", "ct"])?;
+        let header: Vec<&str> = out.stdout.lines().next().unwrap_or_default().split_whitespace().collect();
+        ensure!(header == ["NAME", "SPEC", "REPLICAS", "AGE"], "kubectl {v}: {}", out.stdout);
+        let row: Vec<&str> = out.stdout.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+        ensure!(row.first() == Some(&"my-cron") && row.contains(&"1"), "kubectl {v}: {}", out.stdout);
+        ensure!(row.last().is_some_and(|a| a.ends_with('s')), "age column: {}", out.stdout);
+        // Validation against the schema.
+        let bad = write(
+            "bad.yaml",
+            "apiVersion: stable.example.com/v1\nkind: CronTab\nmetadata:\n  name: bad\nspec:\n  image: x\n  mode: Medium\n",
+        )?;
+        let out = k(&["apply", "-f", &bad])?;
+        ensure!(!out.ok && out.stderr.contains("spec.cronSpec: Required value"), "kubectl {v}: {out:?}");
+        ensure!(out.stderr.contains("spec.mode: Unsupported value: \"Medium\""), "kubectl {v}: {out:?}");
+        // Unknown fields: pruned, and refused under kubectl's default strict validation.
+        let unknown = write(
+            "unknown.yaml",
+            "apiVersion: stable.example.com/v1\nkind: CronTab\nmetadata:\n  name: u\nspec:\n  cronSpec: x\n  bogus: 1\n",
+        )?;
+        let out = k(&["apply", "-f", &unknown])?;
+        ensure!(!out.ok && out.stderr.contains("unknown field \"spec.bogus\""), "kubectl {v}: {out:?}");
+        // OpenAPI for the CRD: kubectl explain.
+        let out = k(&["explain", "crontab.spec"])?;
+        ensure!(out.ok && out.stdout.contains("cronSpec") && out.stdout.contains("-required-"), "kubectl {v}: {out:?}");
+        // Scale subresource, status subresource.
+        let out = k(&["scale", "ct", "my-cron", "--replicas=3"])?;
+        ensure!(out.ok, "kubectl {v}: {out:?}");
+        let out = k(&["get", "ct", "my-cron", "-o", "jsonpath={.spec.replicas}"])?;
+        ensure!(out.stdout == "3", "kubectl {v}: {out:?}");
+        // A cluster-scoped CRD preserving unknown fields.
+        let mesh = write("mesh.yaml", CLUSTER_CRD)?;
+        ensure!(k(&["apply", "-f", &mesh])?.ok);
+        ensure!(k(&["wait", "--for=condition=established", "crd/meshes.mesh.minik8s.io", "--timeout=20s"])?.ok);
+        let m = write(
+            "m.yaml",
+            "apiVersion: mesh.minik8s.io/v1alpha1\nkind: Mesh\nmetadata:\n  name: m1\nspec:\n  anything:\n    goes: [1, 2]\n",
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let out = k(&["apply", "-f", &m])?;
+            if out.ok {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "kubectl {v}: {out:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = k(&["get", "mesh", "m1", "-o", "jsonpath={.spec.anything.goes}"])?;
+        ensure!(out.stdout == "[1,2]", "kubectl {v}: {out:?}");
+        // Deleting the CRD deletes its objects.
+        let out = k(&["delete", "-f", &crd])?;
+        ensure!(out.ok, "kubectl {v}: {out:?}");
+        ensure!(k(&["apply", "-f", &crd])?.ok);
+        ensure!(k(&["wait", "--for=condition=established", "crd/crontabs.stable.example.com", "--timeout=20s"])?.ok);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let out = k(&["get", "ct", "-o", "name"])?;
+            if out.ok {
+                ensure!(out.stdout.trim().is_empty(), "kubectl {v}: objects survived their CRD: {out:?}");
+                break;
+            }
+            ensure!(Instant::now() < deadline, "kubectl {v}: {out:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(())
+}

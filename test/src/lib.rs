@@ -4,6 +4,8 @@
 
 pub mod scheduler;
 
+pub mod controller_manager;
+
 pub mod kubeproxy;
 
 pub mod kubelet;

@@ -1,0 +1,285 @@
+//! `controller-manager`: MiniK8s' kube-controller-manager. One binary runs the
+//! controllers selected by `--controllers` (Kubernetes' syntax: `*` for all, `foo` to
+//! enable, `-foo` to disable), optionally behind leader election on a Lease in
+//! `kube-system`, with `/healthz` and `/metrics`.
+//!
+//! Each controller is a module whose decisions are pure functions (unit-tested) and
+//! whose reconcile function is a thin I/O shell over them.
+
+mod cronjob;
+mod deployment;
+mod endpoints;
+mod events;
+mod garbagecollector;
+mod informer;
+mod job;
+mod metrics;
+mod namespace;
+mod nodeipam;
+mod nodelifecycle;
+mod replicaset;
+mod util;
+
+#[cfg(test)]
+mod testutil;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+
+/// Errors of a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Every controller this binary has, and whether `*` enables it (Kubernetes' names).
+pub const CONTROLLERS: &[(&str, bool)] = &[
+    ("replicaset", true),
+    ("deployment", true),
+    ("endpointslice", true),
+    ("endpoints", true),
+    ("garbagecollector", true),
+    ("namespace", true),
+    ("nodeipam", true),
+    ("nodelifecycle", true),
+    ("job", true),
+    ("cronjob", true),
+];
+
+/// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
+/// `IsControllerEnabled`): an explicit name wins over `*`, `-name` disables.
+pub fn enabled_controllers(spec: &str) -> Result<Vec<&'static str>, String> {
+    let items: Vec<&str> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    for it in &items {
+        let n = it.trim_start_matches('-');
+        if n != "*" && !CONTROLLERS.iter().any(|(c, _)| *c == n) {
+            return Err(format!("{n:?} is not in the list of known controllers"));
+        }
+    }
+    Ok(CONTROLLERS
+        .iter()
+        .filter(|(name, default_on)| {
+            if items.iter().any(|i| *i == format!("-{name}")) {
+                false
+            } else if items.iter().any(|i| i == name) {
+                true
+            } else {
+                items.contains(&"*") && *default_on
+            }
+        })
+        .map(|(n, _)| *n)
+        .collect())
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "controller-manager", about = "MiniK8s controller manager")]
+struct Args {
+    /// Path to a kubeconfig file.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The address of the apiserver (overrides the kubeconfig's).
+    #[arg(long, alias = "server")]
+    master: Option<String>,
+    /// Controllers to enable: `*` enables all on-by-default ones, `foo` enables foo,
+    /// `-foo` disables foo.
+    #[arg(long, default_value = "*")]
+    controllers: String,
+    /// Run leader election on a Lease before doing any work.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    leader_elect: bool,
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    leader_elect_lease_duration: Duration,
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    leader_elect_renew_deadline: Duration,
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    leader_elect_retry_period: Duration,
+    #[arg(long, default_value = "kube-controller-manager")]
+    leader_elect_resource_name: String,
+    #[arg(long, default_value = "kube-system")]
+    leader_elect_resource_namespace: String,
+    /// CIDR range for pods in the cluster (node IPAM).
+    #[arg(long, default_value = "10.244.0.0/16")]
+    cluster_cidr: String,
+    /// Mask size of each node's pod CIDR.
+    #[arg(long, default_value_t = 24)]
+    node_cidr_mask_size: u8,
+    /// How long a Node may go without a heartbeat before it is marked unhealthy.
+    #[arg(long, default_value = "40s", value_parser = parse_duration)]
+    node_monitor_grace_period: Duration,
+    /// How often Node health is checked.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    node_monitor_period: Duration,
+    /// Toleration seconds for the not-ready/unreachable NoExecute taints of pods that do
+    /// not declare one (the DefaultTolerationSeconds admission default).
+    #[arg(long, default_value_t = 300)]
+    default_unreachable_toleration_seconds: i64,
+    /// Concurrent ReplicaSet syncs.
+    #[arg(long, default_value_t = 5)]
+    concurrent_replicaset_syncs: u16,
+    /// Concurrent Deployment syncs.
+    #[arg(long, default_value_t = 5)]
+    concurrent_deployment_syncs: u16,
+    /// Address to serve /healthz and /metrics on.
+    #[arg(long, default_value = "0.0.0.0")]
+    bind_address: String,
+    /// Port for /healthz and /metrics (0 = pick a free one, -1... disabled is not supported).
+    #[arg(long, alias = "port", default_value_t = 10257)]
+    secure_port: u16,
+    /// Log level (or RUST_LOG).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) =
+        s.trim().split_at(s.trim().find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.trim().len()));
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?}")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    common::init_tracing(&args.log_level);
+    let enabled = enabled_controllers(&args.controllers).map_err(|e| anyhow::anyhow!("--controllers: {e}"))?;
+    let client = common::client(args.kubeconfig.as_deref(), args.master.as_deref()).await?;
+    let ready = common::Ready::default();
+    let addr: SocketAddr = format!("{}:{}", args.bind_address, args.secure_port).parse()?;
+    let bound = common::serve_health(addr, prometheus::Registry::new(), ready.clone()).await?;
+    tracing::info!(%bound, "serving /healthz and /metrics");
+
+    let mut leading = None;
+    if args.leader_elect {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+        let identity = format!("{host}_{}", replicaset::random_suffix());
+        let mut cfg = common::leader::Config::new(
+            &args.leader_elect_resource_namespace,
+            &args.leader_elect_resource_name,
+            &identity,
+        );
+        cfg.lease_duration = args.leader_elect_lease_duration;
+        cfg.renew_deadline = args.leader_elect_renew_deadline;
+        cfg.retry_period = args.leader_elect_retry_period;
+        tracing::info!(%identity, "attempting to acquire leader lease {}/{}", cfg.namespace, cfg.name);
+        leading = Some(common::leader::LeaderElector::new(client.clone(), cfg).run().await?);
+    }
+    ready.set(true);
+    tracing::info!(controllers = ?enabled, "starting controllers");
+
+    let pods = informer::Informer::start(Api::<Pod>::all(client.clone()));
+    let recorder = |c: &str| events::Recorder::new(client.clone(), c);
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in &enabled {
+        match *c {
+            "replicaset" => {
+                tasks.spawn(replicaset::run(
+                    client.clone(),
+                    pods.clone(),
+                    recorder("replicaset-controller"),
+                    args.concurrent_replicaset_syncs,
+                ));
+            }
+            "deployment" => {
+                tasks.spawn(deployment::run(
+                    client.clone(),
+                    pods.clone(),
+                    recorder("deployment-controller"),
+                    args.concurrent_deployment_syncs,
+                ));
+            }
+            "endpointslice" => {
+                tasks.spawn(endpoints::run_slices(client.clone(), pods.clone()));
+            }
+            "endpoints" => {
+                tasks.spawn(endpoints::run_endpoints(client.clone(), pods.clone()));
+            }
+            "garbagecollector" => {
+                tasks.spawn(garbagecollector::run(client.clone()));
+            }
+            "namespace" => {
+                tasks.spawn(namespace::run(client.clone()));
+            }
+            "nodeipam" => {
+                let cidr = args.cluster_cidr.clone();
+                let mask = args.node_cidr_mask_size;
+                tasks.spawn(nodeipam::run(client.clone(), cidr, mask, recorder("node-controller")));
+            }
+            "nodelifecycle" => {
+                let settings = nodelifecycle::Settings {
+                    grace: args.node_monitor_grace_period,
+                    monitor_period: args.node_monitor_period,
+                    default_toleration_seconds: args.default_unreachable_toleration_seconds,
+                };
+                tasks.spawn(nodelifecycle::run(client.clone(), pods.clone(), settings, recorder("node-controller")));
+            }
+            "cronjob" => {
+                tasks.spawn(cronjob::run(client.clone(), recorder("cronjob-controller")));
+            }
+            "job" => {
+                tasks.spawn(job::run(client.clone(), pods.clone(), recorder("job-controller")));
+            }
+            _ => {}
+        }
+    }
+    let lost = async {
+        match leading.as_mut() {
+            Some(rx) => {
+                while *rx.borrow() {
+                    if rx.changed().await.is_err() {
+                        break;
+                    }
+                }
+            }
+            None => futures::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = lost => {
+            tracing::error!("leaderelection lost");
+            std::process::exit(1);
+        }
+        _ = tokio::signal::ctrl_c() => {}
+        Some(r) = tasks.join_next() => {
+            if let Err(e) = r {
+                anyhow::bail!("a controller stopped: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controller_selection() {
+        assert_eq!(enabled_controllers("*").unwrap().len(), CONTROLLERS.len());
+        let e = enabled_controllers("*,-job").unwrap();
+        assert!(!e.contains(&"job") && e.contains(&"replicaset"));
+        assert_eq!(enabled_controllers("replicaset,deployment").unwrap(), vec!["replicaset", "deployment"]);
+        assert!(enabled_controllers("*,nope").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("40s").unwrap(), Duration::from_secs(40));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+    }
+}

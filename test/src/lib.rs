@@ -6,6 +6,8 @@ pub mod scheduler;
 
 pub mod controller_manager;
 
+pub mod module_controller;
+
 pub mod kubeproxy;
 
 pub mod kubelet;

@@ -1,0 +1,894 @@
+//! The module-controller's core: one actor task owns all state (bases, module pods) and
+//! handles one event at a time: tunnel callbacks, the ONE module-pod watch (dispatched by
+//! `spec.nodeName` to the vnode serving it) and a 1 s tick. Decisions are made here;
+//! tunnel commands and API writes go out in the background ([`Writer`] coalesces them per
+//! object), their results come back as events.
+//!
+//! Per base (vnode):
+//! - heartbeat → Lease in `kube-node-lease` (holder = client id) acquired or renewed; only
+//!   the holder talks to the base; a replica that cannot renew stops talking;
+//! - no heartbeat for `unreachable_after` → Node `Ready=Unknown` (not deleted), so the node
+//!   lifecycle controller evicts its pods; a returning base is reconciled;
+//! - health → node capacity; module report → pod statuses; modules no pod owns → uninstalled.
+//!
+//! Per module pod: bound to an owned vnode → install; deleting → uninstall, then final
+//! removal (grace 0) once the base confirms; spec change → uninstall old, install new.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Container, EnvVar, NodeStatus, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::ResourceExt;
+use tokio::sync::mpsc;
+
+use crate::kubeio::{self, LeaseOutcome};
+use crate::mapping::{self, Liveness};
+use crate::metrics::METRICS;
+use crate::tunnel::{
+    ContainerOperationResponse, ContainerState, ContainerStatusData, NodeInfo, NodeState, NodeStatusData,
+    OperationResult, QueryBaselineRequest, Tunnel, TunnelCallbacks,
+};
+use crate::writer::Writer;
+
+/// Timers and identity.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub env: String,
+    pub client_id: String,
+    /// Vnode Lease duration (kubelet's default 40 s).
+    pub lease_duration: Duration,
+    /// No heartbeat for this long → Ready=Unknown (upstream: 25 s).
+    pub unreachable_after: Duration,
+    /// Health poll (upstream: 10 s).
+    pub health_interval: Duration,
+    /// Module query (upstream: 15 s).
+    pub query_interval: Duration,
+    /// A module still missing this long after its install was sent is installed again.
+    pub install_retry: Duration,
+}
+
+impl Settings {
+    pub fn new(env: &str, client_id: &str) -> Self {
+        Settings {
+            env: env.into(),
+            client_id: client_id.into(),
+            lease_duration: Duration::from_secs(40),
+            unreachable_after: Duration::from_secs(25),
+            health_interval: Duration::from_secs(10),
+            query_interval: Duration::from_secs(15),
+            install_retry: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Everything the actor reacts to.
+#[derive(Debug)]
+pub enum Event {
+    /// A heartbeat through tunnel number `.2`.
+    NodeDiscovered(String, NodeInfo, usize),
+    NodeStatus(String, NodeStatusData),
+    Containers(String, Vec<ContainerStatusData>),
+    StartResponse(String, ContainerOperationResponse),
+    ShutdownResponse(String, ContainerOperationResponse),
+    BaselineSent(String, Vec<String>),
+    Lease(String, LeaseOutcome),
+    NodeWritten(String, Box<NodeStatus>),
+    PodApplied(Box<Pod>),
+    PodDeleted(Box<Pod>),
+    PodsRelist,
+    PodsSynced,
+    Tick,
+}
+
+/// Tunnel callbacks that feed the actor.
+struct Callbacks(mpsc::UnboundedSender<Event>, usize);
+
+impl TunnelCallbacks for Callbacks {
+    fn on_node_discovered(&self, id: &str, info: NodeInfo) {
+        let _ = self.0.send(Event::NodeDiscovered(id.into(), info, self.1));
+    }
+    fn on_node_status(&self, id: &str, data: NodeStatusData) {
+        let _ = self.0.send(Event::NodeStatus(id.into(), data));
+    }
+    fn on_all_container_status(&self, id: &str, data: Vec<ContainerStatusData>) {
+        let _ = self.0.send(Event::Containers(id.into(), data));
+    }
+    fn on_start_container_response(&self, id: &str, resp: ContainerOperationResponse) {
+        let _ = self.0.send(Event::StartResponse(id.into(), resp));
+    }
+    fn on_shutdown_container_response(&self, id: &str, resp: ContainerOperationResponse) {
+        let _ = self.0.send(Event::ShutdownResponse(id.into(), resp));
+    }
+    fn on_baseline_sent(&self, id: &str, keys: Vec<String>) {
+        let _ = self.0.send(Event::BaselineSent(id.into(), keys));
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ownership {
+    /// Not ours (or unknown); next acquire attempt not before `.0`.
+    NotOwned(Instant),
+    /// An acquire is in flight.
+    Acquiring,
+    /// Ours; Lease last renewed at `.0`.
+    Owned(Instant),
+}
+
+struct Module {
+    data: ContainerStatusData,
+    updated: Instant,
+}
+
+struct Base {
+    /// Index of the tunnel the base talks through (its latest heartbeat's).
+    tunnel: usize,
+    info: NodeInfo,
+    status: Option<NodeStatusData>,
+    last_heartbeat: Instant,
+    liveness: Liveness,
+    ownership: Ownership,
+    renewing: bool,
+    node_status: Option<NodeStatus>,
+    modules: HashMap<String, Module>,
+    modules_reported: bool,
+    installs: HashMap<String, Instant>,
+    uninstalls: HashMap<String, Instant>,
+    next_health: Instant,
+    last_query: Instant,
+}
+
+impl Base {
+    fn owned(&self) -> bool {
+        matches!(self.ownership, Ownership::Owned(_))
+    }
+    fn active(&self) -> bool {
+        self.owned() && self.liveness == Liveness::Alive
+    }
+}
+
+struct PodEntry {
+    pod: Pod,
+    base: String,
+    /// Keys this pod's containers had when last seen (to detect updates).
+    keys: BTreeMap<String, Container>,
+    delete_sent: bool,
+}
+
+impl PodEntry {
+    fn deleting(&self) -> bool {
+        self.pod.metadata.deletion_timestamp.is_some()
+    }
+}
+
+/// The shared read-only view the baseline query uses.
+type Baselines = Arc<RwLock<HashMap<String, Vec<Container>>>>;
+
+pub struct Controller {
+    client: kube::Client,
+    tunnels: Vec<Arc<dyn Tunnel>>,
+    settings: Settings,
+    writer: Writer,
+    tx: mpsc::UnboundedSender<Event>,
+    bases: HashMap<String, Base>,
+    pods: HashMap<String, PodEntry>,
+    pods_by_base: HashMap<String, HashSet<String>>,
+    seen_in_relist: Option<HashSet<String>>,
+    synced: bool,
+    baselines: Baselines,
+}
+
+fn pod_key(p: &Pod) -> String {
+    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
+}
+
+fn container_of(key: &str, name: &str) -> Container {
+    let version = key.rsplit_once(':').map(|(_, v)| v.to_string()).unwrap_or_default();
+    Container {
+        name: name.to_string(),
+        env: Some(vec![EnvVar { name: mapping::ENV_BIZ_VERSION.into(), value: Some(version), ..Default::default() }]),
+        ..Default::default()
+    }
+}
+
+impl Controller {
+    /// Wire the tunnel's callbacks and the baseline query to a new controller.
+    pub fn new(
+        client: kube::Client,
+        tunnels: Vec<Arc<dyn Tunnel>>,
+        settings: Settings,
+    ) -> (Self, mpsc::UnboundedReceiver<Event>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let baselines: Baselines = Arc::new(RwLock::new(HashMap::new()));
+        for (i, tunnel) in tunnels.iter().enumerate() {
+            tunnel.register_callbacks(Arc::new(Callbacks(tx.clone(), i)));
+            let b = baselines.clone();
+            tunnel.register_query(Arc::new(move |req: QueryBaselineRequest| {
+                b.read().ok().and_then(|m| m.get(&req.identity).cloned()).unwrap_or_default()
+            }));
+        }
+        let c = Controller {
+            client,
+            tunnels,
+            settings,
+            writer: Writer::new(64),
+            tx,
+            bases: HashMap::new(),
+            pods: HashMap::new(),
+            pods_by_base: HashMap::new(),
+            seen_in_relist: None,
+            synced: false,
+            baselines,
+        };
+        (c, rx)
+    }
+
+    /// Start the pod watch and the tick, then handle events until the channel closes.
+    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Event>, ready: common::Ready) {
+        kubeio::ensure_lease_namespace(&self.client).await;
+        self.spawn_pod_watch();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                t.tick().await;
+                if tx.send(Event::Tick).is_err() {
+                    break;
+                }
+            }
+        });
+        while let Some(ev) = rx.recv().await {
+            if matches!(ev, Event::PodsSynced) {
+                ready.set(true);
+            }
+            self.handle(ev);
+        }
+    }
+
+    fn spawn_pod_watch(&self) {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let tx = self.tx.clone();
+        let cfg = watcher::Config::default().labels(&mapping::module_pod_selector());
+        tokio::spawn(async move {
+            let mut stream = watcher::watcher(api, cfg).boxed();
+            while let Some(ev) = stream.next().await {
+                let ev = match ev {
+                    Ok(watcher::Event::Init) => Event::PodsRelist,
+                    Ok(watcher::Event::InitApply(p)) | Ok(watcher::Event::Apply(p)) => Event::PodApplied(Box::new(p)),
+                    Ok(watcher::Event::InitDone) => Event::PodsSynced,
+                    Ok(watcher::Event::Delete(p)) => Event::PodDeleted(Box::new(p)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "module pod watch error");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
+                if tx.send(ev).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Handle one event.
+    pub fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::NodeDiscovered(id, info, t) => self.on_heartbeat(id, info, t),
+            Event::NodeStatus(id, data) => {
+                if let Some(b) = self.bases.get_mut(&id).filter(|b| b.owned()) {
+                    b.status = Some(data);
+                    self.update_node_status(&id);
+                }
+            }
+            Event::Containers(id, list) => self.on_containers(&id, list),
+            Event::StartResponse(id, resp) => self.on_start_response(&id, resp),
+            Event::ShutdownResponse(id, resp) => self.on_shutdown_response(&id, resp),
+            Event::Lease(id, outcome) => self.on_lease(&id, outcome),
+            Event::BaselineSent(id, keys) => {
+                if let Some(b) = self.bases.get_mut(&id) {
+                    let now = Instant::now();
+                    for k in keys {
+                        b.installs.insert(k, now);
+                    }
+                }
+            }
+            Event::NodeWritten(id, status) => {
+                if let Some(b) = self.bases.get_mut(&id) {
+                    b.node_status = Some(*status);
+                }
+            }
+            Event::PodApplied(p) => self.on_pod(*p),
+            Event::PodDeleted(p) => self.on_pod_deleted(&p),
+            Event::PodsRelist => self.seen_in_relist = Some(HashSet::new()),
+            Event::PodsSynced => {
+                if let Some(seen) = self.seen_in_relist.take() {
+                    let gone: Vec<Pod> =
+                        self.pods.iter().filter(|(k, _)| !seen.contains(*k)).map(|(_, e)| e.pod.clone()).collect();
+                    for p in gone {
+                        self.on_pod_deleted(&p);
+                    }
+                }
+                self.synced = true;
+                let ids: Vec<String> = self.bases.keys().cloned().collect();
+                for id in ids {
+                    self.reconcile_base(&id);
+                }
+            }
+            Event::Tick => self.on_tick(),
+        }
+    }
+
+    // ---------- bases ----------
+
+    /// The tunnel a base talks through.
+    fn tunnel_of(&self, id: &str) -> Arc<dyn Tunnel> {
+        let i = self.bases.get(id).map(|b| b.tunnel).unwrap_or(0);
+        self.tunnels
+            .get(i)
+            .or_else(|| self.tunnels.first())
+            .cloned()
+            .unwrap_or_else(|| Arc::new(crate::tunnel::NoTunnel))
+    }
+
+    fn on_heartbeat(&mut self, id: String, info: NodeInfo, tunnel: usize) {
+        let now = Instant::now();
+        let settings = self.settings.clone();
+        let base = self.bases.entry(id.clone()).or_insert_with(|| Base {
+            tunnel,
+            info: info.clone(),
+            status: None,
+            last_heartbeat: now,
+            liveness: Liveness::Alive,
+            ownership: Ownership::NotOwned(now),
+            renewing: false,
+            node_status: None,
+            modules: HashMap::new(),
+            modules_reported: false,
+            installs: HashMap::new(),
+            uninstalls: HashMap::new(),
+            next_health: now,
+            last_query: now,
+        });
+        if info.metadata.status == NodeState::Deactivated {
+            tracing::info!(base = %id, "base reports DEACTIVATED");
+            if base.liveness == Liveness::Alive && base.owned() {
+                base.liveness = Liveness::Silent;
+                self.update_node_status(&id);
+            }
+            return;
+        }
+        let info_changed = base.info != info || base.tunnel != tunnel;
+        base.tunnel = tunnel;
+        base.info = info;
+        base.last_heartbeat = now;
+        let returning = base.liveness == Liveness::Silent;
+        base.liveness = Liveness::Alive;
+        match base.ownership {
+            Ownership::Owned(renewed) => {
+                let age = renewed.elapsed();
+                if age >= settings.lease_duration {
+                    // Our Lease may have been taken over while the base was silent: re-acquire
+                    // before talking to it again.
+                    base.ownership = Ownership::Acquiring;
+                    self.spawn_lease(&id);
+                } else {
+                    if age >= settings.lease_duration / 4 && !base.renewing {
+                        base.renewing = true;
+                        self.spawn_lease(&id);
+                    }
+                    if returning {
+                        tracing::info!(base = %id, "base is back; reconciling");
+                        self.start_serving(&id);
+                    } else if info_changed {
+                        self.write_node(&id);
+                    }
+                }
+            }
+            Ownership::NotOwned(not_before) if now >= not_before => {
+                base.ownership = Ownership::Acquiring;
+                self.spawn_lease(&id);
+            }
+            _ => {}
+        }
+    }
+
+    fn spawn_lease(&self, id: &str) {
+        let client = self.client.clone();
+        let name = mapping::node_name(id, &self.settings.env);
+        let identity = self.settings.client_id.clone();
+        let duration = self.settings.lease_duration;
+        let tx = self.tx.clone();
+        let id = id.to_string();
+        self.writer.submit(format!("lease/{id}"), async move {
+            let outcome = kubeio::acquire_or_renew_lease(&client, &name, &identity, duration).await;
+            let _ = tx.send(Event::Lease(id, outcome));
+        });
+    }
+
+    fn on_lease(&mut self, id: &str, outcome: LeaseOutcome) {
+        let Some(base) = self.bases.get_mut(id) else { return };
+        base.renewing = false;
+        let was_owned = base.owned();
+        let now = Instant::now();
+        match outcome {
+            LeaseOutcome::Held => {
+                base.ownership = Ownership::Owned(now);
+                if !was_owned {
+                    tracing::info!(base = %id, node = %mapping::node_name(id, &self.settings.env), "serving vnode");
+                    METRICS.owned_vnodes.inc();
+                    self.start_serving(id);
+                }
+            }
+            LeaseOutcome::HeldByOther => {
+                base.ownership = Ownership::NotOwned(now + Duration::from_secs(2));
+                if was_owned {
+                    tracing::warn!(base = %id, "vnode lease taken by another replica; stopping");
+                    METRICS.owned_vnodes.dec();
+                    let tunnel = self.tunnel_of(id);
+                    let id = id.to_string();
+                    tokio::spawn(async move { tunnel.on_node_stop(&id).await });
+                }
+            }
+            LeaseOutcome::Failed => {
+                if !was_owned {
+                    base.ownership = Ownership::NotOwned(now + Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Begin (or resume) serving a base: subscribe, write the Node, ask for health and
+    /// modules; installs are re-sent for whatever the next module report lacks.
+    fn start_serving(&mut self, id: &str) {
+        let Some(base) = self.bases.get_mut(id) else { return };
+        // Installs sent moments ago (e.g. the base's own baseline) are not repeated.
+        base.installs.retain(|_, t| t.elapsed() < Duration::from_secs(5));
+        base.uninstalls.clear();
+        base.modules_reported = false;
+        base.next_health = Instant::now() + self.settings.health_interval;
+        base.last_query = Instant::now();
+        let tunnel = self.tunnel_of(id);
+        let id_s = id.to_string();
+        tokio::spawn(async move {
+            tunnel.on_node_start(&id_s).await;
+            let _ = tunnel.fetch_health_data(&id_s).await;
+            let _ = tunnel.query_all_container_status(&id_s).await;
+        });
+        self.write_node(id);
+    }
+
+    fn write_node(&mut self, id: &str) {
+        let Some(base) = self.bases.get(id) else { return };
+        let node = mapping::build_node(
+            id,
+            &self.settings.env,
+            self.tunnel_of(id).key(),
+            &base.info,
+            base.status.as_ref(),
+            base.liveness,
+            Timestamp::now(),
+        );
+        let client = self.client.clone();
+        let tx = self.tx.clone();
+        let id_s = id.to_string();
+        self.writer.submit(format!("node/{id}"), async move {
+            match kubeio::ensure_node(&client, &node).await {
+                Ok(()) => {
+                    if let Some(s) = node.status {
+                        let _ = tx.send(Event::NodeWritten(id_s, Box::new(s)));
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, base = %id_s, "writing vnode"),
+            }
+        });
+    }
+
+    /// Patch the vnode's status if it changed.
+    fn update_node_status(&mut self, id: &str) {
+        let Some(base) = self.bases.get(id) else { return };
+        if !base.owned() {
+            return;
+        }
+        let status = mapping::node_status(
+            &base.info,
+            base.status.as_ref(),
+            base.liveness,
+            base.node_status.as_ref(),
+            Timestamp::now(),
+        );
+        if let Some(prev) = &base.node_status {
+            if !mapping::node_status_changed(prev, &status) {
+                return;
+            }
+        }
+        let client = self.client.clone();
+        let name = mapping::node_name(id, &self.settings.env);
+        let tx = self.tx.clone();
+        let id_s = id.to_string();
+        self.writer.submit(format!("node/{id}"), async move {
+            match kubeio::patch_node_status(&client, &name, &status).await {
+                Ok(()) => {
+                    let _ = tx.send(Event::NodeWritten(id_s, Box::new(status)));
+                }
+                Err(e) => tracing::warn!(error = %e, node = %name, "patching vnode status"),
+            }
+        });
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        let ids: Vec<String> = self.bases.keys().cloned().collect();
+        for id in ids {
+            let tunnel = self.tunnel_of(&id);
+            let Some(base) = self.bases.get_mut(&id) else { continue };
+            if !base.owned() {
+                continue;
+            }
+            if base.liveness == Liveness::Alive && base.last_heartbeat.elapsed() >= self.settings.unreachable_after {
+                tracing::warn!(base = %id, "no heartbeat from base; marking its vnode Ready=Unknown");
+                base.liveness = Liveness::Silent;
+                self.update_node_status(&id);
+                self.finish_deletions(&id);
+                self.refresh_pods(&id);
+                continue;
+            }
+            if base.liveness != Liveness::Alive {
+                continue;
+            }
+            if now >= base.next_health {
+                base.next_health = now + self.settings.health_interval;
+                let (t, i) = (tunnel.clone(), id.clone());
+                tokio::spawn(async move { t.fetch_health_data(&i).await });
+            }
+            if base.last_query.elapsed() >= self.settings.query_interval {
+                base.last_query = now;
+                let i = id.clone();
+                tokio::spawn(async move { tunnel.query_all_container_status(&i).await });
+            }
+        }
+        // Deleting pods whose base nobody can reach are removed without waiting.
+        let stuck: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(_, e)| e.deleting() && !e.delete_sent && !self.base_active_anywhere(&e.base))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stuck {
+            self.delete_pod(&k);
+        }
+    }
+
+    /// Whether some replica (this one, as far as it knows) is serving the base.
+    fn base_active_anywhere(&self, id: &str) -> bool {
+        match self.bases.get(id) {
+            None => false,
+            Some(b) => b.liveness == Liveness::Alive,
+        }
+    }
+
+    // ---------- modules ----------
+
+    fn on_containers(&mut self, id: &str, list: Vec<ContainerStatusData>) {
+        let Some(base) = self.bases.get_mut(id).filter(|b| b.owned()) else { return };
+        let now = Instant::now();
+        let mut fresh: HashMap<String, Module> =
+            list.into_iter().map(|d| (d.key.clone(), Module { data: d, updated: now })).collect();
+        // Keep what operation results told us after this report was asked for.
+        let asked = base.last_query;
+        for (k, m) in base.modules.drain() {
+            if m.updated > asked && !fresh.contains_key(&k) {
+                fresh.insert(k, m);
+            }
+        }
+        base.modules = fresh;
+        base.modules_reported = true;
+        self.reconcile_base(id);
+    }
+
+    fn on_start_response(&mut self, id: &str, resp: ContainerOperationResponse) {
+        let Some(base) = self.bases.get_mut(id).filter(|b| b.owned()) else { return };
+        let name = resp.container_key.split(':').next().unwrap_or_default().to_string();
+        let data = match resp.result {
+            OperationResult::Success => ContainerStatusData {
+                key: resp.container_key.clone(),
+                name,
+                pod_key: crate::tunnel::POD_KEY_ALL.into(),
+                state: ContainerState::Activated,
+                change_time_ms: crate::protocol::now_ms(),
+                reason: String::new(),
+                message: String::new(),
+            },
+            OperationResult::Failure => {
+                tracing::warn!(base = %id, module = %resp.container_key, reason = %resp.reason, message = %resp.message, "module install failed");
+                ContainerStatusData {
+                    key: resp.container_key.clone(),
+                    name,
+                    pod_key: crate::tunnel::POD_KEY_ALL.into(),
+                    state: ContainerState::Broken,
+                    change_time_ms: crate::protocol::now_ms(),
+                    reason: if resp.reason.is_empty() { "InstallFailed".into() } else { resp.reason.clone() },
+                    message: resp.message.clone(),
+                }
+            }
+        };
+        let keep_time =
+            base.modules.get(&resp.container_key).filter(|m| m.data.state == data.state).map(|m| m.data.change_time_ms);
+        let mut data = data;
+        if let Some(t) = keep_time {
+            data.change_time_ms = t;
+        }
+        base.modules.insert(resp.container_key.clone(), Module { data, updated: Instant::now() });
+        self.refresh_pods(id);
+    }
+
+    fn on_shutdown_response(&mut self, id: &str, resp: ContainerOperationResponse) {
+        let Some(base) = self.bases.get_mut(id).filter(|b| b.owned()) else { return };
+        if resp.result == OperationResult::Success {
+            base.modules.remove(&resp.container_key);
+            base.uninstalls.remove(&resp.container_key);
+            base.installs.remove(&resp.container_key);
+        } else {
+            tracing::warn!(base = %id, module = %resp.container_key, message = %resp.message, "module uninstall failed");
+        }
+        self.finish_deletions(id);
+        self.refresh_pods(id);
+    }
+
+    /// The modules the live pods on a base want, by key.
+    fn desired(&self, id: &str) -> BTreeMap<String, Container> {
+        let mut out = BTreeMap::new();
+        for k in self.pods_by_base.get(id).into_iter().flatten() {
+            if let Some(e) = self.pods.get(k).filter(|e| !e.deleting()) {
+                out.extend(e.keys.clone());
+            }
+        }
+        out
+    }
+
+    fn install(&mut self, id: &str, key: &str, c: &Container, pod: &str) {
+        let retry = self.settings.install_retry;
+        let Some(base) = self.bases.get_mut(id).filter(|b| b.active()) else { return };
+        if base.installs.get(key).is_some_and(|t| t.elapsed() < retry) {
+            return;
+        }
+        base.installs.insert(key.to_string(), Instant::now());
+        base.uninstalls.remove(key);
+        tracing::info!(base = %id, module = %key, %pod, "installing module");
+        let (tunnel, id, pod, c) = (self.tunnel_of(id), id.to_string(), pod.to_string(), c.clone());
+        tokio::spawn(async move {
+            if let Err(e) = tunnel.start_container(&id, &pod, &c).await {
+                tracing::warn!(error = %e, base = %id, "sending installBiz");
+            }
+        });
+    }
+
+    fn uninstall(&mut self, id: &str, key: &str, c: &Container, pod: &str) {
+        let retry = self.settings.install_retry;
+        let Some(base) = self.bases.get_mut(id).filter(|b| b.active()) else { return };
+        if base.uninstalls.get(key).is_some_and(|t| t.elapsed() < retry) {
+            return;
+        }
+        base.uninstalls.insert(key.to_string(), Instant::now());
+        base.installs.remove(key);
+        tracing::info!(base = %id, module = %key, %pod, "uninstalling module");
+        let (tunnel, id, pod, c) = (self.tunnel_of(id), id.to_string(), pod.to_string(), c.clone());
+        tokio::spawn(async move {
+            if let Err(e) = tunnel.shutdown_container(&id, &pod, &c).await {
+                tracing::warn!(error = %e, base = %id, "sending uninstallBiz");
+            }
+        });
+    }
+
+    /// Make the base's modules match its pods: install what is missing, uninstall what no
+    /// pod owns (once the pod list is synced), finish pending deletions, refresh statuses.
+    fn reconcile_base(&mut self, id: &str) {
+        let Some(base) = self.bases.get(id).filter(|b| b.active() && b.modules_reported) else { return };
+        let desired = self.desired(id);
+        let missing: Vec<(String, Container)> = desired
+            .iter()
+            .filter(|(k, _)| match base.modules.get(*k) {
+                None => true,
+                Some(m) => matches!(m.data.state, ContainerState::Deactivated | ContainerState::Stopped),
+            })
+            .map(|(k, c)| (k.clone(), c.clone()))
+            .collect();
+        let unowned: Vec<(String, Container)> = if self.synced {
+            base.modules
+                .iter()
+                .filter(|(k, _)| !desired.contains_key(*k))
+                .map(|(k, m)| (k.clone(), container_of(k, &m.data.name)))
+                .collect()
+        } else {
+            vec![]
+        };
+        for (k, c) in missing {
+            self.install(id, &k, &c, "reconcile");
+        }
+        for (k, c) in unowned {
+            self.uninstall(id, &k, &c, "none");
+        }
+        self.finish_deletions(id);
+        self.refresh_pods(id);
+    }
+
+    /// Remove deleting pods whose modules are gone from the base (or whose base is not
+    /// served any more).
+    fn finish_deletions(&mut self, id: &str) {
+        let active = self.bases.get(id).is_some_and(|b| b.active());
+        let keys: Vec<String> = self.pods_by_base.get(id).into_iter().flatten().cloned().collect();
+        let desired = self.desired(id);
+        for k in keys {
+            let Some(e) = self.pods.get(&k) else { continue };
+            if !e.deleting() || e.delete_sent {
+                continue;
+            }
+            let remaining: Vec<(String, Container)> = match self.bases.get(id) {
+                Some(b) if active => e
+                    .keys
+                    .iter()
+                    .filter(|(key, _)| !desired.contains_key(*key))
+                    .filter(|(key, _)| b.modules.contains_key(*key) || b.installs.contains_key(*key))
+                    .map(|(key, c)| (key.clone(), c.clone()))
+                    .collect(),
+                _ => vec![],
+            };
+            if remaining.is_empty() {
+                self.delete_pod(&k);
+            } else {
+                for (key, c) in remaining {
+                    self.uninstall(id, &key, &c, &k);
+                }
+            }
+        }
+    }
+
+    fn delete_pod(&mut self, key: &str) {
+        let Some(e) = self.pods.get_mut(key) else { return };
+        e.delete_sent = true;
+        let ns = e.pod.namespace().unwrap_or_default();
+        let name = e.pod.name_any();
+        let uid = e.pod.metadata.uid.clone();
+        let client = self.client.clone();
+        tracing::info!(pod = %key, "modules uninstalled; removing pod");
+        self.writer.submit(format!("delete/{key}"), async move {
+            if let Err(e) = kubeio::delete_pod(&client, &ns, &name, uid).await {
+                tracing::warn!(error = %e, pod = %name, "final pod removal");
+            }
+        });
+    }
+
+    /// Patch the status of every pod on the base whose status changed.
+    fn refresh_pods(&mut self, id: &str) {
+        let keys: Vec<String> = self.pods_by_base.get(id).into_iter().flatten().cloned().collect();
+        for k in keys {
+            self.refresh_pod(&k);
+        }
+    }
+
+    fn refresh_pod(&mut self, key: &str) {
+        let Some(e) = self.pods.get(key) else { return };
+        if e.deleting() {
+            return;
+        }
+        let Some(base) = self.bases.get(&e.base).filter(|b| b.owned()) else { return };
+        let modules = |k: &str| base.modules.get(k).map(|m| m.data.clone());
+        let alive = base.liveness == Liveness::Alive;
+        let status = mapping::pod_status(&e.pod, &modules, &base.info.network.node_ip, alive, Timestamp::now());
+        let any_reported = status.container_statuses.iter().flatten().any(|s| s.state.is_some());
+        let current = e.pod.status.as_ref();
+        if !any_reported && current.and_then(|s| s.container_statuses.as_ref()).is_none() {
+            return;
+        }
+        if !mapping::pod_status_changed(current, &status) {
+            return;
+        }
+        let client = self.client.clone();
+        let ns = e.pod.namespace().unwrap_or_default();
+        let name = e.pod.name_any();
+        // Remember what we sent so the same status is not sent again before the watch shows it.
+        if let Some(e) = self.pods.get_mut(key) {
+            let mut p = e.pod.clone();
+            p.status = Some(status.clone());
+            e.pod = p;
+        }
+        self.writer.submit(format!("status/{key}"), async move {
+            if let Err(e) = kubeio::patch_pod_status(&client, &ns, &name, &status).await {
+                tracing::warn!(error = %e, pod = %name, "patching module pod status");
+            }
+        });
+    }
+
+    // ---------- pods ----------
+
+    fn on_pod(&mut self, pod: Pod) {
+        let key = pod_key(&pod);
+        if let Some(seen) = self.seen_in_relist.as_mut() {
+            seen.insert(key.clone());
+        }
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let Some(base_id) = mapping::base_id_of(&node, &self.settings.env).map(|s| s.to_string()) else {
+            // Not (yet) bound to a vnode of this env.
+            if let Some(old) = self.pods.get(&key).map(|e| e.pod.clone()) {
+                self.on_pod_deleted(&old);
+            }
+            return;
+        };
+        let containers = pod.spec.as_ref().map(|s| s.containers.clone()).unwrap_or_default();
+        let keys: BTreeMap<String, Container> =
+            containers.iter().map(|c| (mapping::container_key(c), c.clone())).collect();
+        let previous = self.pods.remove(&key);
+        let (old_keys, delete_sent) = match &previous {
+            Some(p) => (p.keys.clone(), p.delete_sent),
+            None => (BTreeMap::new(), false),
+        };
+        // Keep our last sent status if the watch has not caught up with it yet.
+        let mut pod = pod;
+        if let Some(prev) = &previous {
+            let rv_new = pod.metadata.resource_version.clone();
+            let rv_old = prev.pod.metadata.resource_version.clone();
+            if rv_new == rv_old {
+                pod.status = prev.pod.status.clone();
+            }
+        }
+        let entry = PodEntry { pod, base: base_id.clone(), keys: keys.clone(), delete_sent };
+        let deleting = entry.deleting();
+        self.pods.insert(key.clone(), entry);
+        self.pods_by_base.entry(base_id.clone()).or_default().insert(key.clone());
+        self.update_baseline(&base_id);
+        let active = self.bases.get(&base_id).is_some_and(|b| b.active());
+        if deleting {
+            self.finish_deletions(&base_id);
+            return;
+        }
+        if !active {
+            return;
+        }
+        // Update: modules removed from the pod are uninstalled before the new ones go in.
+        let desired = self.desired(&base_id);
+        for (k, c) in old_keys.iter().filter(|(k, _)| !keys.contains_key(*k) && !desired.contains_key(*k)) {
+            self.uninstall(&base_id, k, c, &key);
+        }
+        let reported = self.bases.get(&base_id).is_some_and(|b| b.modules_reported);
+        for (k, c) in &keys {
+            let present = self.bases.get(&base_id).is_some_and(|b| b.modules.contains_key(k));
+            if reported && !present {
+                self.install(&base_id, k, c, &key);
+            }
+        }
+        self.refresh_pod(&key);
+    }
+
+    fn on_pod_deleted(&mut self, pod: &Pod) {
+        let key = pod_key(pod);
+        let Some(entry) = self.pods.remove(&key) else { return };
+        if let Some(set) = self.pods_by_base.get_mut(&entry.base) {
+            set.remove(&key);
+        }
+        self.update_baseline(&entry.base);
+        // Deleted without passing through graceful deletion: uninstall what no one else needs.
+        let desired = self.desired(&entry.base);
+        for (k, c) in entry.keys.iter().filter(|(k, _)| !desired.contains_key(*k)) {
+            let present =
+                self.bases.get(&entry.base).is_some_and(|b| b.modules.contains_key(k) || b.installs.contains_key(k));
+            if present {
+                self.uninstall(&entry.base, k, c, &key);
+            }
+        }
+    }
+
+    fn update_baseline(&self, id: &str) {
+        let containers: Vec<Container> = self.desired(id).into_values().collect();
+        if let Ok(mut b) = self.baselines.write() {
+            b.insert(id.to_string(), containers);
+        }
+    }
+
+    /// (bases known, bases owned, pods tracked) for tests and logs.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.bases.len(), self.bases.values().filter(|b| b.owned()).count(), self.pods.len())
+    }
+}

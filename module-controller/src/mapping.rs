@@ -1,0 +1,729 @@
+//! Pure mappings between the Koupleless world and Kubernetes objects:
+//! - a base's heartbeat → [`NodeInfo`]; its health → [`NodeStatusData`] (memory from the
+//!   metaspace figures, pods 65535); both → the vnode (`Node`: name, labels, taints,
+//!   addresses, capacity, conditions);
+//! - the modules a base reports → [`ContainerStatusData`]; those → container states and the
+//!   module pod's phase and conditions;
+//! - a module pod's container → the `installBiz` body and the module key `name:version`.
+//!
+//! No I/O here: everything takes "now" as an argument so it is unit-testable.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState as K8sContainerState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints,
+    NodeSpec, NodeStatus, NodeSystemInfo, Pod, PodCondition, PodIP, PodStatus, Taint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::protocol::{BizModel, BizOperationResponse, HealthResponse, HeartbeatData, SimpleBizInfo, CODE_SUCCESS};
+use crate::tunnel::{
+    ContainerOperationResponse, ContainerState, ContainerStatusData, NetworkInfo, NodeInfo, NodeMetadata, NodeResource,
+    NodeState, NodeStatusData, OperationResult,
+};
+
+pub const LABEL_COMPONENT: &str = "virtual-kubelet.koupleless.io/component";
+pub const LABEL_ENV: &str = "virtual-kubelet.koupleless.io/env";
+pub const COMPONENT_VNODE: &str = "vnode";
+pub const COMPONENT_MODULE: &str = "module";
+pub const LABEL_BASE_NAME: &str = "base.koupleless.io/name";
+pub const LABEL_BASE_VERSION: &str = "base.koupleless.io/version";
+pub const LABEL_BASE_CLUSTER: &str = "base.koupleless.io/cluster-name";
+pub const LABEL_BASE_HOST: &str = "base.koupleless.io/host-name";
+pub const LABEL_BASE_TUNNEL_PORT: &str = "base.koupleless.io/tunnel-port";
+pub const LABEL_BASE_STACK: &str = "base.koupleless.io/stack";
+pub const LABEL_VNODE_TUNNEL: &str = "vnode.koupleless.io/tunnel";
+pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
+pub const TAINT_VIRTUAL_NODE: &str = "schedule.koupleless.io/virtual-node";
+pub const TAINT_NODE_ENV: &str = "schedule.koupleless.io/node-env";
+/// The env var carrying a module's version.
+pub const ENV_BIZ_VERSION: &str = "BIZ_VERSION";
+/// Module pods per vnode.
+pub const MAX_PODS: &str = "65535";
+/// The label selector of the one module-pod watch.
+pub fn module_pod_selector() -> String {
+    format!("{LABEL_COMPONENT}={COMPONENT_MODULE}")
+}
+
+/// `vnode.{identity}.{env}`.
+pub fn node_name(base_id: &str, env: &str) -> String {
+    format!("vnode.{base_id}.{env}")
+}
+
+/// The base id of a vnode name of `env` (ids may contain dots, e.g. IPv4 addresses).
+pub fn base_id_of<'a>(node_name: &'a str, env: &str) -> Option<&'a str> {
+    let id = node_name.strip_prefix("vnode.")?.strip_suffix(env)?.strip_suffix('.')?;
+    (!id.is_empty()).then_some(id)
+}
+
+/// A label value Kubernetes accepts (≤ 63 of `[A-Za-z0-9._-]`, alphanumeric at both ends).
+pub fn label_value(s: &str) -> String {
+    let mapped: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).take(63).collect();
+    mapped.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_string()
+}
+
+/// A heartbeat → the base's info. `None` when it names no identity.
+pub fn heartbeat_to_node_info(hb: &HeartbeatData) -> Option<NodeInfo> {
+    if hb.base_metadata.identity.is_empty() {
+        return None;
+    }
+    Some(NodeInfo {
+        metadata: NodeMetadata {
+            name: hb.base_metadata.name.clone(),
+            version: hb.base_metadata.version.clone(),
+            cluster_name: hb.base_metadata.cluster_name.clone(),
+            status: if hb.state == "DEACTIVATED" { NodeState::Deactivated } else { NodeState::Activated },
+        },
+        network: NetworkInfo {
+            node_ip: hb.local_ip.clone(),
+            host_name: hb.local_host_name.clone(),
+            arklet_port: hb.port,
+        },
+    })
+}
+
+/// A health report → node status data: memory capacity = max metaspace, allocatable =
+/// max − committed; cpu = the CPU count. `None` unless the code is SUCCESS.
+pub fn health_to_status(h: &HealthResponse) -> Option<NodeStatusData> {
+    if h.code != CODE_SUCCESS {
+        return None;
+    }
+    let jvm = &h.data.health_data.jvm;
+    let mut data = NodeStatusData::default();
+    if jvm.max_metaspace > 0.0 {
+        let max = jvm.max_metaspace.max(0.0) as i64;
+        let free = (jvm.max_metaspace - jvm.committed_metaspace).max(0.0) as i64;
+        data.resources.insert(
+            "memory".into(),
+            NodeResource { capacity: Quantity(max.to_string()), allocatable: Quantity(free.to_string()) },
+        );
+    }
+    let cpus = h.data.health_data.cpu.count;
+    if cpus > 0 {
+        data.resources.insert(
+            "cpu".into(),
+            NodeResource { capacity: Quantity(cpus.to_string()), allocatable: Quantity(cpus.to_string()) },
+        );
+    }
+    Some(data)
+}
+
+/// The modules a base reports → container status data, keyed `name:version`.
+pub fn simple_biz_to_statuses(bizs: &[SimpleBizInfo]) -> Vec<ContainerStatusData> {
+    bizs.iter()
+        .filter(|b| !b.name.is_empty())
+        .map(|b| {
+            let rec = b.latest_state_record.clone().unwrap_or_default();
+            let state = if b.state.is_empty() { rec.state.clone() } else { b.state.clone() };
+            ContainerStatusData {
+                key: crate::protocol::biz_key(&b.name, &b.version),
+                name: b.name.clone(),
+                pod_key: crate::tunnel::POD_KEY_ALL.into(),
+                state: ContainerState::parse(&state),
+                change_time_ms: rec.change_time,
+                reason: rec.reason,
+                message: rec.message,
+            }
+        })
+        .collect()
+}
+
+/// A biz operation reply → the operation response (key `name:version`).
+pub fn op_response(op: &BizOperationResponse) -> ContainerOperationResponse {
+    let r = &op.response;
+    let ok = r.code == CODE_SUCCESS && (r.data.code.is_empty() || r.data.code == CODE_SUCCESS);
+    let mut parts: Vec<&str> = vec![];
+    for m in [r.message.as_str(), r.data.message.as_str()] {
+        if !m.is_empty() && !parts.contains(&m) {
+            parts.push(m);
+        }
+    }
+    let message = parts.join(": ");
+    ContainerOperationResponse {
+        container_key: crate::protocol::biz_key(&op.biz_name, &op.biz_version),
+        result: if ok { OperationResult::Success } else { OperationResult::Failure },
+        reason: if r.data.code.is_empty() { r.code.clone() } else { r.data.code.clone() },
+        message,
+    }
+}
+
+/// A module's version: the container's `BIZ_VERSION` env value.
+pub fn biz_version(c: &Container) -> String {
+    c.env
+        .as_ref()
+        .and_then(|env| env.iter().find(|e| e.name == ENV_BIZ_VERSION))
+        .and_then(|e| e.value.clone())
+        .unwrap_or_default()
+}
+
+/// A module's key: `name:BIZ_VERSION`.
+pub fn container_key(c: &Container) -> String {
+    crate::protocol::biz_key(&c.name, &biz_version(c))
+}
+
+/// The `installBiz`/`uninstallBiz` body of a container (image = artifact URL).
+pub fn biz_model(c: &Container) -> BizModel {
+    BizModel { biz_name: c.name.clone(), biz_version: biz_version(c), biz_url: c.image.clone().unwrap_or_default() }
+}
+
+/// The vnode's labels.
+pub fn node_labels(base_id: &str, env: &str, tunnel: &str, info: &NodeInfo) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::new();
+    l.insert(LABEL_COMPONENT.into(), COMPONENT_VNODE.into());
+    l.insert(LABEL_ENV.into(), label_value(env));
+    l.insert(LABEL_BASE_NAME.into(), label_value(&info.metadata.name));
+    l.insert(LABEL_BASE_VERSION.into(), label_value(&info.metadata.version));
+    l.insert(LABEL_BASE_CLUSTER.into(), label_value(&info.metadata.cluster_name));
+    l.insert(LABEL_BASE_HOST.into(), label_value(&info.network.host_name));
+    l.insert(LABEL_BASE_STACK.into(), "java".into());
+    l.insert(LABEL_VNODE_TUNNEL.into(), label_value(tunnel));
+    l.insert(LABEL_HOSTNAME.into(), label_value(&node_name(base_id, env)));
+    if info.network.arklet_port > 0 {
+        l.insert(LABEL_BASE_TUNNEL_PORT.into(), info.network.arklet_port.to_string());
+    }
+    l
+}
+
+/// The vnode's taints.
+pub fn node_taints(env: &str) -> Vec<Taint> {
+    vec![
+        Taint {
+            key: TAINT_VIRTUAL_NODE.into(),
+            value: Some("True".into()),
+            effect: "NoExecute".into(),
+            ..Default::default()
+        },
+        Taint { key: TAINT_NODE_ENV.into(), value: Some(env.into()), effect: "NoExecute".into(), ..Default::default() },
+    ]
+}
+
+/// Whether the base is heard from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// Heartbeats arrive.
+    Alive,
+    /// No heartbeat for longer than the grace period.
+    Silent,
+}
+
+fn condition(type_: &str, status: &str, reason: &str, message: &str, now: &Time) -> NodeCondition {
+    NodeCondition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_heartbeat_time: Some(now.clone()),
+        last_transition_time: Some(now.clone()),
+    }
+}
+
+/// The vnode's status. Condition transition times are kept from `previous` when a
+/// condition's status did not change.
+pub fn node_status(
+    info: &NodeInfo,
+    data: Option<&NodeStatusData>,
+    liveness: Liveness,
+    previous: Option<&NodeStatus>,
+    now: Timestamp,
+) -> NodeStatus {
+    let t = Time(now);
+    let mut capacity = BTreeMap::new();
+    let mut allocatable = BTreeMap::new();
+    capacity.insert("pods".to_string(), Quantity(MAX_PODS.into()));
+    allocatable.insert("pods".to_string(), Quantity(MAX_PODS.into()));
+    if let Some(d) = data {
+        for (name, r) in &d.resources {
+            capacity.insert(name.clone(), r.capacity.clone());
+            allocatable.insert(name.clone(), r.allocatable.clone());
+        }
+    }
+    let mut conditions = match liveness {
+        Liveness::Alive => vec![
+            condition("Ready", "True", "KubeletReady", "base is ready", &t),
+            condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "base has sufficient memory", &t),
+            condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "base has no disk pressure", &t),
+            condition("PIDPressure", "False", "KubeletHasSufficientPID", "base has sufficient PID available", &t),
+            condition("NetworkUnavailable", "False", "RouteCreated", "base network is available", &t),
+        ],
+        Liveness::Silent => ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"]
+            .iter()
+            .map(|c| condition(c, "Unknown", "NodeStatusUnknown", "Base stopped posting heartbeats.", &t))
+            .chain(std::iter::once(condition(
+                "NetworkUnavailable",
+                "Unknown",
+                "NodeStatusUnknown",
+                "Base stopped posting heartbeats.",
+                &t,
+            )))
+            .collect(),
+    };
+    if let Some(d) = data {
+        for c in &d.custom_conditions {
+            conditions.retain(|x| x.type_ != c.type_);
+            conditions.push(c.clone());
+        }
+    }
+    if let Some(prev) = previous.and_then(|p| p.conditions.as_ref()) {
+        for c in conditions.iter_mut() {
+            if let Some(p) = prev.iter().find(|p| p.type_ == c.type_ && p.status == c.status) {
+                c.last_transition_time = p.last_transition_time.clone();
+            }
+        }
+    }
+    let mut addresses = vec![];
+    if !info.network.node_ip.is_empty() {
+        addresses.push(NodeAddress { type_: "InternalIP".into(), address: info.network.node_ip.clone() });
+    }
+    if !info.network.host_name.is_empty() {
+        addresses.push(NodeAddress { type_: "Hostname".into(), address: info.network.host_name.clone() });
+    }
+    let daemon_endpoints = (info.network.arklet_port > 0)
+        .then_some(NodeDaemonEndpoints { kubelet_endpoint: Some(DaemonEndpoint { port: info.network.arklet_port }) });
+    NodeStatus {
+        daemon_endpoints,
+        capacity: Some(capacity),
+        allocatable: Some(allocatable),
+        conditions: Some(conditions),
+        addresses: Some(addresses),
+        node_info: Some(NodeSystemInfo {
+            architecture: std::env::consts::ARCH.into(),
+            operating_system: "linux".into(),
+            kubelet_version: info.metadata.version.clone(),
+            kube_proxy_version: String::new(),
+            container_runtime_version: "koupleless://".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Whether two node statuses differ in anything but heartbeat times.
+pub fn node_status_changed(a: &NodeStatus, b: &NodeStatus) -> bool {
+    fn strip(s: &NodeStatus) -> NodeStatus {
+        let mut s = s.clone();
+        if let Some(cs) = s.conditions.as_mut() {
+            for c in cs.iter_mut() {
+                c.last_heartbeat_time = None;
+                c.last_transition_time = None;
+            }
+            cs.sort_by(|x, y| x.type_.cmp(&y.type_));
+        }
+        s.node_info = None;
+        s
+    }
+    strip(a) != strip(b)
+}
+
+/// The whole vnode object (metadata, spec, status).
+pub fn build_node(
+    base_id: &str,
+    env: &str,
+    tunnel: &str,
+    info: &NodeInfo,
+    data: Option<&NodeStatusData>,
+    liveness: Liveness,
+    now: Timestamp,
+) -> Node {
+    let mut labels = node_labels(base_id, env, tunnel, info);
+    let mut annotations = BTreeMap::new();
+    let mut taints = node_taints(env);
+    if let Some(d) = data {
+        labels.extend(d.custom_labels.clone());
+        annotations.extend(d.custom_annotations.clone());
+        taints.extend(d.custom_taints.clone());
+    }
+    Node {
+        metadata: ObjectMeta {
+            name: Some(node_name(base_id, env)),
+            labels: Some(labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec { taints: Some(taints), ..Default::default() }),
+        status: Some(node_status(info, data, liveness, None, now)),
+    }
+}
+
+fn time_ms(ms: i64, fallback: Timestamp) -> Time {
+    Time(if ms > 0 { Timestamp::from_millisecond(ms).unwrap_or(fallback) } else { fallback })
+}
+
+/// One container's status from the base's report of its module (`None` = not reported).
+pub fn container_status(c: &Container, data: Option<&ContainerStatusData>, now: Timestamp) -> ContainerStatus {
+    let key = container_key(c);
+    let (state, ready) = match data {
+        None => (None, false),
+        Some(d) => match d.state {
+            ContainerState::Activated => (
+                Some(K8sContainerState {
+                    running: Some(ContainerStateRunning { started_at: Some(time_ms(d.change_time_ms, now)) }),
+                    ..Default::default()
+                }),
+                true,
+            ),
+            ContainerState::Stopped => (
+                Some(K8sContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: 0,
+                        reason: Some(if d.reason.is_empty() { "Stopped".into() } else { d.reason.clone() }),
+                        message: (!d.message.is_empty()).then(|| d.message.clone()),
+                        finished_at: Some(time_ms(d.change_time_ms, now)),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                false,
+            ),
+            _ => (
+                Some(K8sContainerState {
+                    waiting: Some(ContainerStateWaiting {
+                        reason: Some(if d.reason.is_empty() { d.state.as_str().to_string() } else { d.reason.clone() }),
+                        message: Some(if d.message.is_empty() {
+                            format!("module {} is {}", key, d.state.as_str())
+                        } else {
+                            format!("{}: {}", d.state.as_str(), d.message)
+                        }),
+                    }),
+                    ..Default::default()
+                }),
+                false,
+            ),
+        },
+    };
+    ContainerStatus {
+        name: c.name.clone(),
+        image: c.image.clone().unwrap_or_default(),
+        image_id: String::new(),
+        container_id: data.map(|_| format!("koupleless://{key}")),
+        ready,
+        started: Some(ready),
+        restart_count: 0,
+        state,
+        ..Default::default()
+    }
+}
+
+const OWNED_CONDITIONS: [&str; 4] = ["PodScheduled", "Initialized", "ContainersReady", "Ready"];
+
+/// The module pod's status from the modules its base reports (keyed `name:version`):
+/// all containers ready → Running/Ready; some started → Running, not ready; none → Pending.
+/// While the base is silent (`base_alive` false) the pod is not Ready (`NodeNotReady`), as
+/// Kubernetes' node lifecycle controller marks pods of a NotReady node.
+/// Transition times and `startTime` are kept from the pod's current status when unchanged.
+pub fn pod_status(
+    pod: &Pod,
+    modules: &dyn Fn(&str) -> Option<ContainerStatusData>,
+    host_ip: &str,
+    base_alive: bool,
+    now: Timestamp,
+) -> PodStatus {
+    let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
+    let mut statuses: Vec<ContainerStatus> =
+        containers.iter().map(|c| container_status(c, modules(&container_key(c)).as_ref(), now)).collect();
+    if !base_alive {
+        for s in statuses.iter_mut() {
+            s.ready = false;
+        }
+    }
+    let all_ready = !statuses.is_empty() && statuses.iter().all(|s| s.ready);
+    let any_started = statuses.iter().any(|s| s.state.is_some());
+    let phase = if any_started { "Running" } else { "Pending" };
+    let prev = pod.status.as_ref();
+    let prev_conds = prev.and_then(|p| p.conditions.clone()).unwrap_or_default();
+    let t = Time(now);
+    let cond = |type_: &str, ok: bool, reason: Option<&str>| {
+        let status = if ok { "True" } else { "False" };
+        let last = prev_conds
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .and_then(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| t.clone());
+        PodCondition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.map(|r| r.to_string()),
+            last_transition_time: Some(last),
+            ..Default::default()
+        }
+    };
+    let not_ready = match (all_ready, base_alive) {
+        (true, _) => None,
+        (false, false) => Some("NodeNotReady"),
+        (false, true) => Some("ContainersNotReady"),
+    };
+    let mut conditions: Vec<PodCondition> =
+        prev_conds.iter().filter(|c| !OWNED_CONDITIONS.contains(&c.type_.as_str())).cloned().collect();
+    conditions.push(cond("PodScheduled", true, None));
+    conditions.push(cond("Initialized", true, None));
+    conditions.push(cond("ContainersReady", all_ready, not_ready));
+    conditions.push(cond("Ready", all_ready, not_ready));
+    let ip = (!host_ip.is_empty()).then(|| host_ip.to_string());
+    PodStatus {
+        phase: Some(phase.into()),
+        conditions: Some(conditions),
+        container_statuses: Some(statuses),
+        host_ip: ip.clone(),
+        pod_ip: ip.clone(),
+        pod_ips: ip.map(|ip| vec![PodIP { ip }]),
+        start_time: prev.and_then(|p| p.start_time.clone()).or(Some(t)),
+        qos_class: prev.and_then(|p| p.qos_class.clone()),
+        ..Default::default()
+    }
+}
+
+/// Whether `desired` differs from the pod's current status in what this controller owns.
+pub fn pod_status_changed(current: Option<&PodStatus>, desired: &PodStatus) -> bool {
+    let Some(cur) = current else { return true };
+    fn owned(s: &PodStatus) -> impl PartialEq + '_ {
+        let mut conds: Vec<(&str, &str, Option<&str>)> = s
+            .conditions
+            .iter()
+            .flatten()
+            .filter(|c| OWNED_CONDITIONS.contains(&c.type_.as_str()))
+            .map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_deref()))
+            .collect();
+        conds.sort();
+        (s.phase.as_deref(), conds, s.container_statuses.as_ref(), s.host_ip.as_deref(), s.pod_ip.as_deref())
+    }
+    owned(cur) != owned(desired)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::*;
+    use k8s_openapi::api::core::v1::{EnvVar, PodSpec};
+
+    fn hb() -> HeartbeatData {
+        HeartbeatData {
+            base_metadata: BaseMetadata {
+                identity: "10.0.0.5".into(),
+                version: "1.0.0".into(),
+                cluster_name: "c1".into(),
+                name: "base".into(),
+            },
+            local_ip: "10.0.0.5".into(),
+            local_host_name: "host-a".into(),
+            port: 1238,
+            state: "ACTIVATED".into(),
+        }
+    }
+
+    fn module(name: &str, version: &str) -> Container {
+        Container {
+            name: name.into(),
+            image: Some(format!("file:///m/{name}.jar")),
+            env: Some(vec![EnvVar { name: "BIZ_VERSION".into(), value: Some(version.into()), ..Default::default() }]),
+            ..Default::default()
+        }
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(1_700_000_000).unwrap()
+    }
+
+    #[test]
+    fn node_names_round_trip_with_dotted_ids() {
+        assert_eq!(node_name("10.0.0.5", "dev"), "vnode.10.0.0.5.dev");
+        assert_eq!(base_id_of("vnode.10.0.0.5.dev", "dev"), Some("10.0.0.5"));
+        assert_eq!(base_id_of("vnode.10.0.0.5.test", "dev"), None);
+        assert_eq!(base_id_of("node-1", "dev"), None);
+        assert_eq!(base_id_of("vnode..dev", "dev"), None);
+    }
+
+    #[test]
+    fn vnode_has_koupleless_labels_taints_and_addresses() {
+        let info = heartbeat_to_node_info(&hb()).unwrap();
+        let node = build_node("10.0.0.5", "dev", "mqtt_tunnel_provider", &info, None, Liveness::Alive, now());
+        let labels = node.metadata.labels.unwrap();
+        assert_eq!(node.metadata.name.as_deref(), Some("vnode.10.0.0.5.dev"));
+        assert_eq!(labels[LABEL_BASE_NAME], "base");
+        assert_eq!(labels[LABEL_BASE_VERSION], "1.0.0");
+        assert_eq!(labels[LABEL_BASE_CLUSTER], "c1");
+        assert_eq!(labels[LABEL_BASE_HOST], "host-a");
+        assert_eq!(labels[LABEL_COMPONENT], "vnode");
+        assert_eq!(labels[LABEL_ENV], "dev");
+        assert_eq!(labels[LABEL_HOSTNAME], "vnode.10.0.0.5.dev");
+        assert_eq!(labels[LABEL_BASE_TUNNEL_PORT], "1238");
+        let taints = node.spec.unwrap().taints.unwrap();
+        assert_eq!(taints.len(), 2);
+        assert!(taints.iter().any(|t| t.key == TAINT_VIRTUAL_NODE && t.value.as_deref() == Some("True")));
+        assert!(taints.iter().any(|t| t.key == TAINT_NODE_ENV && t.value.as_deref() == Some("dev")));
+        assert!(taints.iter().all(|t| t.effect == "NoExecute"));
+        let status = node.status.unwrap();
+        assert_eq!(status.capacity.as_ref().unwrap()["pods"].0, "65535");
+        let addrs = status.addresses.unwrap();
+        assert_eq!(addrs[0].type_, "InternalIP");
+        assert_eq!(addrs[0].address, "10.0.0.5");
+        assert_eq!(addrs[1].address, "host-a");
+        let ready = status.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.status, "True");
+    }
+
+    #[test]
+    fn heartbeat_without_identity_is_refused() {
+        let mut h = hb();
+        h.base_metadata.identity.clear();
+        assert!(heartbeat_to_node_info(&h).is_none());
+    }
+
+    #[test]
+    fn memory_comes_from_metaspace() {
+        let mut h = HealthResponse { code: "SUCCESS".into(), ..Default::default() };
+        h.data.health_data.jvm.max_metaspace = 1000.0;
+        h.data.health_data.jvm.committed_metaspace = 300.0;
+        h.data.health_data.cpu.count = 2;
+        let d = health_to_status(&h).unwrap();
+        assert_eq!(d.resources["memory"].capacity.0, "1000");
+        assert_eq!(d.resources["memory"].allocatable.0, "700");
+        assert_eq!(d.resources["cpu"].capacity.0, "2");
+        let info = heartbeat_to_node_info(&hb()).unwrap();
+        let s = node_status(&info, Some(&d), Liveness::Alive, None, now());
+        assert_eq!(s.allocatable.unwrap()["memory"].0, "700");
+        h.code = "FAILED".into();
+        assert!(health_to_status(&h).is_none());
+    }
+
+    #[test]
+    fn silent_base_is_ready_unknown_and_only_real_changes_count() {
+        let info = heartbeat_to_node_info(&hb()).unwrap();
+        let alive = node_status(&info, None, Liveness::Alive, None, now());
+        let later = node_status(
+            &info,
+            None,
+            Liveness::Alive,
+            Some(&alive),
+            now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(30)).unwrap(),
+        );
+        assert!(!node_status_changed(&alive, &later));
+        let silent = node_status(&info, None, Liveness::Silent, Some(&alive), now());
+        assert!(node_status_changed(&alive, &silent));
+        let ready = silent.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.status, "Unknown");
+        assert_eq!(ready.reason.as_deref(), Some("NodeStatusUnknown"));
+    }
+
+    #[test]
+    fn module_key_and_install_body_come_from_the_container() {
+        let c = module("biz1", "0.0.1");
+        assert_eq!(container_key(&c), "biz1:0.0.1");
+        let m = biz_model(&c);
+        assert_eq!(m.biz_url, "file:///m/biz1.jar");
+        assert_eq!(m.key(), "biz1:0.0.1");
+    }
+
+    fn csd(key: &str, state: ContainerState, reason: &str) -> ContainerStatusData {
+        ContainerStatusData {
+            key: key.into(),
+            name: key.split(':').next().unwrap().into(),
+            pod_key: "all".into(),
+            state,
+            change_time_ms: 1_700_000_000_000,
+            reason: reason.into(),
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn module_states_map_to_container_states() {
+        let c = module("biz1", "0.0.1");
+        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Activated, "")), now());
+        assert!(s.ready && s.state.as_ref().unwrap().running.is_some());
+        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Broken, "DownloadFailed")), now());
+        assert!(!s.ready);
+        let w = s.state.unwrap().waiting.unwrap();
+        assert_eq!(w.reason.as_deref(), Some("DownloadFailed"));
+        assert_eq!(w.message.as_deref(), Some("BROKEN: m"));
+        for st in [ContainerState::Resolved, ContainerState::Deactivated] {
+            let s = container_status(&c, Some(&csd("biz1:0.0.1", st, "")), now());
+            assert!(s.state.unwrap().waiting.is_some());
+        }
+        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Stopped, "")), now());
+        assert!(s.state.unwrap().terminated.is_some());
+        let s = container_status(&c, None, now());
+        assert!(s.state.is_none() && !s.ready);
+    }
+
+    fn pod(containers: Vec<Container>) -> Pod {
+        Pod { spec: Some(PodSpec { containers, ..Default::default() }), ..Default::default() }
+    }
+
+    fn ready_of(s: &PodStatus) -> String {
+        s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == "Ready").unwrap().status.clone()
+    }
+
+    #[test]
+    fn pod_phase_follows_modules() {
+        let p = pod(vec![module("a", "1"), module("b", "1")]);
+        let none = pod_status(&p, &|_| None, "10.0.0.5", true, now());
+        assert_eq!(none.phase.as_deref(), Some("Pending"));
+        let some =
+            pod_status(&p, &|k| (k == "a:1").then(|| csd(k, ContainerState::Activated, "")), "10.0.0.5", true, now());
+        assert_eq!(some.phase.as_deref(), Some("Running"));
+        assert_eq!(ready_of(&some), "False");
+        let all = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "10.0.0.5", true, now());
+        assert_eq!(all.phase.as_deref(), Some("Running"));
+        assert_eq!(ready_of(&all), "True");
+        assert_eq!(all.host_ip.as_deref(), Some("10.0.0.5"));
+        let silent = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "10.0.0.5", false, now());
+        assert_eq!(ready_of(&silent), "False");
+        let reason = silent.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap().reason;
+        assert_eq!(reason.as_deref(), Some("NodeNotReady"));
+    }
+
+    #[test]
+    fn unchanged_status_is_not_patched_again() {
+        let mut p = pod(vec![module("a", "1")]);
+        let s1 = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "ip", true, now());
+        assert!(pod_status_changed(None, &s1));
+        p.status = Some(s1.clone());
+        let later = now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(60)).unwrap();
+        let s2 = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "ip", true, later);
+        assert_eq!(s1, s2);
+        assert!(!pod_status_changed(p.status.as_ref(), &s2));
+        let s3 = pod_status(&p, &|k| Some(csd(k, ContainerState::Broken, "x")), "ip", true, later);
+        assert!(pod_status_changed(p.status.as_ref(), &s3));
+    }
+
+    #[test]
+    fn simple_biz_and_operations_map() {
+        let v = simple_biz_to_statuses(&[SimpleBizInfo {
+            name: "biz1".into(),
+            version: "0.0.1".into(),
+            state: "BROKEN".into(),
+            latest_state_record: Some(StateRecord {
+                change_time: 5,
+                state: "BROKEN".into(),
+                reason: "DownloadFailed".into(),
+                message: "404".into(),
+            }),
+        }]);
+        assert_eq!(v[0].key, "biz1:0.0.1");
+        assert_eq!(v[0].state, ContainerState::Broken);
+        assert_eq!(v[0].reason, "DownloadFailed");
+        let op = BizOperationResponse {
+            command: "installBiz".into(),
+            biz_name: "biz1".into(),
+            biz_version: "0.0.1".into(),
+            response: ArkResponse { code: "SUCCESS".into(), ..Default::default() },
+        };
+        assert_eq!(op_response(&op).result, OperationResult::Success);
+        let mut bad = op.clone();
+        bad.response.code = "FAILED".into();
+        bad.response.message = "download failed".into();
+        let r = op_response(&bad);
+        assert_eq!(r.result, OperationResult::Failure);
+        assert_eq!(r.message, "download failed");
+    }
+
+    #[test]
+    fn label_values_are_sanitized() {
+        assert_eq!(label_value("my host!"), "my_host");
+        assert_eq!(label_value("-x-"), "x");
+        assert_eq!(label_value(&"a".repeat(80)).len(), 63);
+    }
+}

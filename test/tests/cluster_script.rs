@@ -1,11 +1,15 @@
-//! The README's first command: `scripts/cluster up` gives a cluster the official kubectl
-//! can use, a second `up` is a no-op that says so, `status` and `logs` work, and `down
-//! --purge` stops everything and removes the state.
+//! The README's first command: `scripts/cluster up --nodes 2` gives a cluster the official
+//! kubectl can use; a Deployment and a NodePort Service from `../shared/manifests/` run on
+//! both nodes and answer through the Service's cluster IP and node port; a second `up` is a
+//! no-op that says so; `status` and `logs` work; `down --purge` leaves no process, container,
+//! node bridge, Service rule or state behind.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
-use e2e::{free_port, kubectl_bin};
+use e2e::{free_port, kubectl_bin, manifests_dir};
 
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
@@ -23,43 +27,101 @@ fn cluster(home: &Path, port: u16, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(kubectl_bin())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run kubectl: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Tears the cluster down even when an assertion fails.
+struct Down<'a>(&'a Path, u16);
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let _ = cluster(self.0, self.1, &["down", "--purge"]);
+    }
+}
+
 #[test]
-fn cluster_up_status_logs_down() {
+fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("state");
     let port = free_port();
+    let down = Down(&home, port);
 
-    let (ok, out) = cluster(&home, port, &["up"]);
+    let (ok, out) = cluster(&home, port, &["up", "--nodes", "2"]);
     assert!(ok, "cluster up failed:\n{out}");
-    assert!(out.contains("export KUBECONFIG="), "up prints how to use the cluster:\n{out}");
-    let kubeconfig = home.join("kubeconfig");
-    assert!(kubeconfig.exists(), "up writes a kubeconfig");
+    assert!(out.contains("2 node(s) Ready") && out.contains("export KUBECONFIG="), "up says what it did:\n{out}");
+    let kc = home.join("kubeconfig");
 
-    let get = Command::new(kubectl_bin())
-        .args(["--kubeconfig", kubeconfig.to_str().unwrap(), "get", "namespaces", "-o", "name"])
-        .output()
-        .unwrap();
-    let names = String::from_utf8_lossy(&get.stdout);
-    let down_after = || cluster(&home, port, &["down", "--purge"]);
-    if !get.status.success() || !names.contains("namespace/default") {
-        let logs = cluster(&home, port, &["logs", "apiserver"]).1;
-        down_after();
-        panic!("official kubectl against the new cluster: {names}\n{}\n{logs}", String::from_utf8_lossy(&get.stderr));
+    let (ok, out) = kubectl(&kc, &["get", "nodes", "-o", "name"]);
+    assert!(ok && out.contains("node/node-1") && out.contains("node/node-2"), "nodes:\n{out}");
+
+    let m = manifests_dir();
+    let (ok, out) = kubectl(
+        &kc,
+        &["apply", "-f", m.join("03-deployment.yaml").to_str().unwrap(), "-f", m.join("04-service.yaml").to_str().unwrap()],
+    );
+    assert!(ok, "apply:\n{out}");
+
+    // All three replicas Running, spread over both nodes (the scheduler balances them).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let nodes = loop {
+        let (_, out) = kubectl(
+            &kc,
+            &["get", "pods", "-l", "app=web", "-o", "jsonpath={range .items[*]}{.status.phase} {.spec.nodeName}{\"\\n\"}{end}"],
+        );
+        let running: Vec<&str> = out.lines().filter(|l| l.starts_with("Running ")).collect();
+        if running.len() == 3 {
+            break running.iter().filter_map(|l| l.split(' ').nth(1)).map(String::from).collect::<BTreeSet<_>>();
+        }
+        assert!(Instant::now() < deadline, "pods not Running:\n{out}\n{}", cluster(&home, port, &["logs", "kubelet"]).1);
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(nodes.len(), 2, "replicas run on both nodes: {nodes:?}");
+
+    // The Service answers through its cluster IP (every replica in turn) and node port.
+    let (_, ip) = kubectl(&kc, &["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = BTreeSet::new();
+    while seen.len() < 3 {
+        let body = sh(&format!("curl -s -m 2 http://{ip}/"));
+        if body.starts_with("v1 web-") {
+            seen.insert(body.trim().to_string());
+        }
+        assert!(Instant::now() < deadline, "cluster IP {ip} reached only {seen:?}");
     }
+    let body = sh("curl -s -m 2 http://127.0.0.1:30080/");
+    assert!(body.starts_with("v1 web-"), "node port answers: {body:?}");
 
     let (ok, out) = cluster(&home, port, &["up"]);
     assert!(ok && out.contains("already up"), "a second up is a no-op that says so:\n{out}");
     let (ok, out) = cluster(&home, port, &["status"]);
-    assert!(ok && out.contains("apiserver: running"), "status:\n{out}");
-    let (ok, _) = cluster(&home, port, &["logs", "apiserver"]);
-    assert!(ok, "logs apiserver");
+    assert!(ok && out.contains("apiserver: running") && out.contains("ready nodes: node-1 node-2"), "status:\n{out}");
+    let (ok, _) = cluster(&home, port, &["logs", "scheduler"]);
+    assert!(ok, "logs scheduler");
 
-    let (ok, out) = down_after();
-    assert!(ok, "down failed:\n{out}");
+    drop(down);
     assert!(!home.exists(), "down --purge removes the state directory");
-    let refused = Command::new(kubectl_bin())
-        .args(["--server", &format!("http://127.0.0.1:{port}"), "get", "namespaces", "--request-timeout=2s"])
+    for node in ["node-1", "node-2"] {
+        let left = sh(&format!("docker ps -aq --filter label=minik8s.io/node={node}"));
+        assert!(left.trim().is_empty(), "containers of {node} left behind: {left}");
+    }
+    assert!(!sh("iptables-save").contains("KUBE-SVC-"), "Service rules left behind");
+    let gone = Command::new(kubectl_bin())
+        .args(["--server", &format!("http://127.0.0.1:{port}"), "get", "nodes", "--request-timeout=2s"])
         .output()
         .unwrap();
-    assert!(!refused.status.success(), "the apiserver is gone after down");
+    let err = String::from_utf8_lossy(&gone.stderr);
+    assert!(!gone.status.success() && err.contains("refused"), "the apiserver is gone after down: {err}");
 }

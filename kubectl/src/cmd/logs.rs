@@ -1,0 +1,145 @@
+//! `kubectl logs POD|TYPE/NAME [-c C] [-f] [--tail N] [--previous]` over `pods/log`.
+
+use futures::AsyncReadExt;
+use serde_json::Value;
+
+use crate::client::{with_query, Ctx};
+use crate::error::{KubectlError, Result};
+
+/// Print the logs for a container in a pod.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// POD or TYPE/NAME, then an optional container name.
+    pub args: Vec<String>,
+    /// Print the logs of this container.
+    #[arg(short = 'c', long)]
+    pub container: Option<String>,
+    /// Specify if the logs should be streamed.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Lines of recent log file to display (-1: all).
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub tail: i64,
+    /// Print the logs for the previous instance of the container.
+    #[arg(short = 'p', long)]
+    pub previous: bool,
+    /// Include timestamps on each line.
+    #[arg(long)]
+    pub timestamps: bool,
+    /// Only return logs newer than a relative duration like 5s, 2m, or 3h.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Get all containers' logs in the pod(s).
+    #[arg(long)]
+    pub all_containers: bool,
+}
+
+/// The label selector that finds the pods of a workload object. Pure.
+pub fn pod_selector(obj: &Value) -> Option<String> {
+    let labels = obj
+        .pointer("/spec/selector/matchLabels")
+        .or_else(|| obj.pointer("/spec/selector"))
+        .and_then(Value::as_object)?;
+    let mut kv: Vec<String> = labels.iter().filter_map(|(k, v)| v.as_str().map(|v| format!("{k}={v}"))).collect();
+    kv.sort();
+    (!kv.is_empty()).then(|| kv.join(","))
+}
+
+/// The log query for the flags. Pure.
+pub fn log_path(ns: &str, pod: &str, container: Option<&str>, a: &Args) -> Result<String> {
+    let since = match &a.since {
+        Some(s) => super::delete::parse_duration(s)?.as_secs().to_string(),
+        None => String::new(),
+    };
+    Ok(with_query(
+        &format!("/api/v1/namespaces/{ns}/pods/{pod}/log"),
+        &[
+            ("container", container.unwrap_or_default().to_string()),
+            ("follow", if a.follow { "true".into() } else { String::new() }),
+            ("tailLines", if a.tail >= 0 { a.tail.to_string() } else { String::new() }),
+            ("previous", if a.previous { "true".into() } else { String::new() }),
+            ("timestamps", if a.timestamps { "true".into() } else { String::new() }),
+            ("sinceSeconds", since),
+        ],
+    ))
+}
+
+pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
+    let Some(target) = a.args.first() else {
+        return Err(KubectlError::msg("expected POD or TYPE/NAME is a required argument for the logs command"));
+    };
+    let ns = ctx.namespace.clone();
+    let pod = match target.split_once('/') {
+        None => target.clone(),
+        Some((t, n)) => {
+            let res = ctx.resolve(t).await?;
+            if res.plural == "pods" {
+                n.to_string()
+            } else {
+                let obj = ctx.get(&res.object_path(Some(&ns), n)).await?;
+                let sel =
+                    pod_selector(&obj).ok_or_else(|| KubectlError::msg(format!("cannot find the pods of {t}/{n}")))?;
+                let pods =
+                    ctx.get(&with_query(&format!("/api/v1/namespaces/{ns}/pods"), &[("labelSelector", sel)])).await?;
+                pods.pointer("/items/0/metadata/name")
+                    .and_then(Value::as_str)
+                    .map(String::from)
+                    .ok_or_else(|| KubectlError::msg(format!("no pods found for {t}/{n}")))?
+            }
+        }
+    };
+    let container = a.container.clone().or_else(|| a.args.get(1).cloned());
+    let containers: Vec<Option<String>> = if a.all_containers {
+        let p = ctx.get(&format!("/api/v1/namespaces/{ns}/pods/{pod}")).await?;
+        p.pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.get("name").and_then(Value::as_str).map(|s| Some(s.to_string())))
+            .collect()
+    } else {
+        vec![container]
+    };
+    for c in containers {
+        let path = log_path(&ns, &pod, c.as_deref(), a)?;
+        let mut stream = ctx.stream(&path).await?;
+        let mut buf = vec![0u8; 8192];
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        loop {
+            let n = stream.read(&mut buf).await.map_err(|e| KubectlError::msg(format!("reading logs: {e}")))?;
+            if n == 0 {
+                break;
+            }
+            let _ = out.write_all(&buf[..n]);
+            let _ = out.flush();
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn selectors_and_paths() {
+        let d = json!({"spec": {"selector": {"matchLabels": {"b": "2", "a": "1"}}}});
+        assert_eq!(pod_selector(&d).as_deref(), Some("a=1,b=2"));
+        let a = Args {
+            args: vec![],
+            container: None,
+            follow: true,
+            tail: 10,
+            previous: false,
+            timestamps: false,
+            since: None,
+            all_containers: false,
+        };
+        assert_eq!(
+            log_path("ns", "p", Some("c"), &a).unwrap(),
+            "/api/v1/namespaces/ns/pods/p/log?container=c&follow=true&tailLines=10"
+        );
+    }
+}

@@ -39,6 +39,15 @@ struct Args {
     mqtt_username: Option<String>,
     #[arg(long, env = "MQTT_PASSWORD")]
     mqtt_password: Option<String>,
+    /// PEM CA bundle that signed the broker's certificate: connect with TLS.
+    #[arg(long)]
+    mqtt_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate for mutual TLS (with --mqtt-client-key-file).
+    #[arg(long)]
+    mqtt_client_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --mqtt-client-cert-file.
+    #[arg(long)]
+    mqtt_client_key_file: Option<std::path::PathBuf>,
     /// Port of the HTTP tunnel (bases POST heartbeats); 0 disables it.
     #[arg(long, default_value_t = 7777)]
     http_tunnel_port: u16,
@@ -90,6 +99,11 @@ async fn main() -> anyhow::Result<()> {
         let mut cfg = MqttConfig::parse(broker)?;
         cfg.username = args.mqtt_username.clone();
         cfg.password = args.mqtt_password.clone();
+        cfg.tls = module_controller::mqtt::MqttTls::from_flags(
+            args.mqtt_ca_file.as_deref(),
+            args.mqtt_client_cert_file.as_deref(),
+            args.mqtt_client_key_file.as_deref(),
+        )?;
         tunnels.push(Arc::new(MqttTunnel::new(cfg)));
     }
     if args.http_tunnel_port != 0 {

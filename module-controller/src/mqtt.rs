@@ -30,6 +30,50 @@ pub struct MqttConfig {
     pub port: u16,
     pub username: Option<String>,
     pub password: Option<String>,
+    /// TLS to the broker; plain TCP when None.
+    pub tls: Option<MqttTls>,
+}
+
+/// TLS material for the broker connection, PEM: the CA that signed the broker's
+/// certificate, and optionally a client certificate and key for mutual TLS.
+#[derive(Clone)]
+pub struct MqttTls {
+    ca: Vec<u8>,
+    client_auth: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for MqttTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MqttTls").field("client_auth", &self.client_auth.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl MqttTls {
+    /// From the `--mqtt-ca-file`, `--mqtt-client-cert-file` and `--mqtt-client-key-file`
+    /// flags: None without a CA; a client certificate needs its key and the reverse.
+    pub fn from_flags(
+        ca: Option<&std::path::Path>,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> anyhow::Result<Option<Self>> {
+        let read = |p: &std::path::Path, what: &str| {
+            std::fs::read(p).map_err(|e| anyhow::anyhow!("reading the MQTT {what} {}: {e}", p.display()))
+        };
+        let Some(ca) = ca else {
+            if cert.is_some() || key.is_some() {
+                anyhow::bail!("--mqtt-client-cert-file/--mqtt-client-key-file need --mqtt-ca-file (TLS)");
+            }
+            return Ok(None);
+        };
+        let client_auth = match (cert, key) {
+            (Some(c), Some(k)) => Some((read(c, "client certificate")?, read(k, "client key")?)),
+            (None, None) => None,
+            _ => anyhow::bail!("--mqtt-client-cert-file and --mqtt-client-key-file go together"),
+        };
+        // rustls needs a process-wide crypto provider; ring builds with a C compiler only.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Ok(Some(MqttTls { ca: read(ca, "CA file")?, client_auth }))
+    }
 }
 
 impl MqttConfig {
@@ -42,7 +86,7 @@ impl MqttConfig {
         if host.is_empty() {
             anyhow::bail!("empty MQTT host in {broker:?}");
         }
-        Ok(MqttConfig { host, port, username: None, password: None })
+        Ok(MqttConfig { host, port, username: None, password: None, tls: None })
     }
 
     /// Client options with a big packet limit and queue.
@@ -55,6 +99,13 @@ impl MqttConfig {
         o.set_inflight(1000);
         if let (Some(u), Some(p)) = (&self.username, &self.password) {
             o.set_credentials(u.clone(), p.clone());
+        }
+        if let Some(tls) = &self.tls {
+            o.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Simple {
+                ca: tls.ca.clone(),
+                alpn: None,
+                client_auth: tls.client_auth.clone(),
+            }));
         }
         o
     }

@@ -144,10 +144,41 @@ impl Broker {
     pub fn start() -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let port = free_port();
+        Self::spawn(dir, port, format!("listener {port} 127.0.0.1\n"))
+    }
+
+    /// A broker whose only listener speaks TLS, with a certificate from a throw-away CA
+    /// (made with `openssl`); returns the CA file clients must trust.
+    pub fn start_tls() -> Result<(Self, PathBuf)> {
+        let dir = tempfile::tempdir()?;
+        let port = free_port();
+        let d = dir.path();
+        std::fs::write(d.join("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n")?;
+        for args in [
+            "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=minik8s-test-ca",
+            "req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost",
+            "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile san.ext",
+        ] {
+            let out = std::process::Command::new("openssl").args(args.split(' ')).current_dir(d).output()?;
+            if !out.status.success() {
+                bail!("openssl {args}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        let conf = format!(
+            // `user root`: started as root, mosquitto would drop to its own user, which
+            // cannot read the key in this private temp dir (ignored when not root).
+            "user root\nlistener {port} 127.0.0.1\ncafile {0}/ca.pem\ncertfile {0}/server.pem\nkeyfile {0}/server.key\n",
+            d.display()
+        );
+        let ca = d.join("ca.pem");
+        Ok((Self::spawn(dir, port, conf)?, ca))
+    }
+
+    fn spawn(dir: tempfile::TempDir, port: u16, listener: String) -> Result<Self> {
         let conf = dir.path().join("mosquitto.conf");
         std::fs::write(
             &conf,
-            format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 100000\n"),
+            format!("{listener}allow_anonymous true\npersistence false\nmax_queued_messages 100000\n"),
         )?;
         let p = Proc::spawn(
             mosquitto_bin(),

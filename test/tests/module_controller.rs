@@ -532,3 +532,39 @@ spec:
     }
     Ok(())
 }
+
+/// The MQTT tunnel over TLS: a broker with only a TLS listener; the controller and a base
+/// that trust its CA get a Ready vnode, a base speaking plain MQTT to it gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_mqtt_tunnel_works_over_tls() -> Result<()> {
+    if !prerequisites() || !require("openssl", "openssl") {
+        return Ok(());
+    }
+    let api = ApiServer::start()?;
+    let (broker, ca) = Broker::start_tls()?;
+    let ca = ca.display().to_string();
+    let dir = tempfile::tempdir()?;
+    let (root, work) = (dir.path().join("root"), dir.path().join("work"));
+    std::fs::create_dir_all(&root)?;
+    let (mc, _) = start_controller(&api, &broker, "mc-tls", &["--mqtt-ca-file", &ca])?;
+    let _tls_base = start_base(&broker, "tls1", &root, &work, &["--mqtt-ca-file", &ca])?;
+    let plain_base = start_base(&broker, "plain1", &root, &work, &[])?;
+    let c = api.client()?;
+    let logs = || format!("controller log:\n{}", mc.log_text());
+    wait_vnodes_ready(&c, &["tls1"], &logs).await;
+    assert_eq!(
+        node_ready(&c, "vnode.plain1.dev").await,
+        None,
+        "a plain-MQTT base must not get through a TLS-only broker"
+    );
+    assert!(!plain_base.log_text().is_empty(), "the plain base logs its connection failures");
+
+    // A client certificate without its key is refused at start with a clear message.
+    let out = std::process::Command::new(bin_dir().join("module-controller"))
+        .args(["--server", &api.url(), "--mqtt-broker", &broker.address(), "--mqtt-ca-file", &ca])
+        .args(["--mqtt-client-cert-file", &ca, "--http-tunnel-port", "0"])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--mqtt-client-key-file"), "{err}");
+    Ok(())
+}

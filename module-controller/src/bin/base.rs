@@ -38,6 +38,15 @@ struct Args {
     mqtt_username: Option<String>,
     #[arg(long, env = "MQTT_PASSWORD")]
     mqtt_password: Option<String>,
+    /// PEM CA bundle that signed the broker's certificate: connect with TLS.
+    #[arg(long)]
+    mqtt_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate for mutual TLS (with --mqtt-client-key-file).
+    #[arg(long)]
+    mqtt_client_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --mqtt-client-cert-file.
+    #[arg(long)]
+    mqtt_client_key_file: Option<std::path::PathBuf>,
     /// The controller's HTTP tunnel, e.g. http://127.0.0.1:7777 (instead of MQTT).
     #[arg(long)]
     http_tunnel: Option<String>,
@@ -160,6 +169,11 @@ async fn main() -> anyhow::Result<()> {
     let mut cfg = MqttConfig::parse(broker)?;
     cfg.username = args.mqtt_username.clone();
     cfg.password = args.mqtt_password.clone();
+    cfg.tls = module_controller::mqtt::MqttTls::from_flags(
+        args.mqtt_ca_file.as_deref(),
+        args.mqtt_client_cert_file.as_deref(),
+        args.mqtt_client_key_file.as_deref(),
+    )?;
     let client_id = match args.simulate {
         Some(_) => format!("base-sim-{}-{}", args.id.clone().unwrap_or_else(|| "sim".into()), std::process::id()),
         None => format!("base-{}", bases[0].identity.id),

@@ -10,7 +10,7 @@ use clap::Parser;
 use module_controller::controller::{Controller, Settings};
 use module_controller::http_tunnel::HttpTunnel;
 use module_controller::metrics::METRICS;
-use module_controller::mqtt::{MqttConfig, MqttTunnel};
+use module_controller::mqtt::MqttTunnel;
 use module_controller::tunnel::Tunnel;
 
 #[derive(Parser, Debug)]
@@ -32,22 +32,8 @@ struct Args {
     /// This replica's identity (holder of the vnode Leases); random by default.
     #[arg(long)]
     client_id: Option<String>,
-    /// MQTT broker `host:port`; no MQTT tunnel without it.
-    #[arg(long)]
-    mqtt_broker: Option<String>,
-    #[arg(long, env = "MQTT_USERNAME")]
-    mqtt_username: Option<String>,
-    #[arg(long, env = "MQTT_PASSWORD")]
-    mqtt_password: Option<String>,
-    /// PEM CA bundle that signed the broker's certificate: connect with TLS.
-    #[arg(long)]
-    mqtt_ca_file: Option<std::path::PathBuf>,
-    /// PEM client certificate for mutual TLS (with --mqtt-client-key-file).
-    #[arg(long)]
-    mqtt_client_cert_file: Option<std::path::PathBuf>,
-    /// PEM private key of --mqtt-client-cert-file.
-    #[arg(long)]
-    mqtt_client_key_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    mqtt: module_controller::mqtt::MqttArgs,
     /// Port of the HTTP tunnel (bases POST heartbeats); 0 disables it.
     #[arg(long, default_value_t = 7777)]
     http_tunnel_port: u16,
@@ -95,15 +81,8 @@ async fn main() -> anyhow::Result<()> {
     settings.query_interval = secs(args.query_interval);
 
     let mut tunnels: Vec<Arc<dyn Tunnel>> = Vec::new();
-    if let Some(broker) = &args.mqtt_broker {
-        let mut cfg = MqttConfig::parse(broker)?;
-        cfg.username = args.mqtt_username.clone();
-        cfg.password = args.mqtt_password.clone();
-        cfg.tls = module_controller::mqtt::MqttTls::from_flags(
-            args.mqtt_ca_file.as_deref(),
-            args.mqtt_client_cert_file.as_deref(),
-            args.mqtt_client_key_file.as_deref(),
-        )?;
+    if let Some(broker) = &args.mqtt.mqtt_broker {
+        let cfg = args.mqtt.config(broker)?;
         tunnels.push(Arc::new(MqttTunnel::new(cfg)));
     }
     if args.http_tunnel_port != 0 {

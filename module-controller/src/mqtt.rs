@@ -34,6 +34,42 @@ pub struct MqttConfig {
     pub tls: Option<MqttTls>,
 }
 
+/// The broker flags both binaries take (`#[command(flatten)]`).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct MqttArgs {
+    /// MQTT broker `host:port`.
+    #[arg(long)]
+    pub mqtt_broker: Option<String>,
+    #[arg(long, env = "MQTT_USERNAME")]
+    pub mqtt_username: Option<String>,
+    #[arg(long, env = "MQTT_PASSWORD")]
+    pub mqtt_password: Option<String>,
+    /// PEM CA bundle that signed the broker's certificate: connect with TLS.
+    #[arg(long)]
+    pub mqtt_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate for mutual TLS (with --mqtt-client-key-file).
+    #[arg(long)]
+    pub mqtt_client_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --mqtt-client-cert-file.
+    #[arg(long)]
+    pub mqtt_client_key_file: Option<std::path::PathBuf>,
+}
+
+impl MqttArgs {
+    /// The connection to `broker` these flags describe.
+    pub fn config(&self, broker: &str) -> anyhow::Result<MqttConfig> {
+        let mut cfg = MqttConfig::parse(broker)?;
+        cfg.username = self.mqtt_username.clone();
+        cfg.password = self.mqtt_password.clone();
+        cfg.tls = MqttTls::from_flags(
+            self.mqtt_ca_file.as_deref(),
+            self.mqtt_client_cert_file.as_deref(),
+            self.mqtt_client_key_file.as_deref(),
+        )?;
+        Ok(cfg)
+    }
+}
+
 /// TLS material for the broker connection, PEM: the CA that signed the broker's
 /// certificate, and optionally a client certificate and key for mutual TLS.
 #[derive(Clone)]

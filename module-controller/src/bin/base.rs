@@ -11,7 +11,6 @@ use clap::Parser;
 use module_controller::base::agent::{run_mqtt, AgentStats, BaseEntry, BaseIdentity};
 use module_controller::base::arklet::{run_http, serve};
 use module_controller::base::host::{Host, ProcessHost, SimHost};
-use module_controller::mqtt::MqttConfig;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -31,22 +30,8 @@ struct Args {
     env: String,
     #[arg(long, default_value = "default")]
     cluster_name: String,
-    /// MQTT broker `host:port`.
-    #[arg(long)]
-    mqtt_broker: Option<String>,
-    #[arg(long, env = "MQTT_USERNAME")]
-    mqtt_username: Option<String>,
-    #[arg(long, env = "MQTT_PASSWORD")]
-    mqtt_password: Option<String>,
-    /// PEM CA bundle that signed the broker's certificate: connect with TLS.
-    #[arg(long)]
-    mqtt_ca_file: Option<std::path::PathBuf>,
-    /// PEM client certificate for mutual TLS (with --mqtt-client-key-file).
-    #[arg(long)]
-    mqtt_client_cert_file: Option<std::path::PathBuf>,
-    /// PEM private key of --mqtt-client-cert-file.
-    #[arg(long)]
-    mqtt_client_key_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    mqtt: module_controller::mqtt::MqttArgs,
     /// The controller's HTTP tunnel, e.g. http://127.0.0.1:7777 (instead of MQTT).
     #[arg(long)]
     http_tunnel: Option<String>,
@@ -163,17 +148,10 @@ async fn main() -> anyhow::Result<()> {
     } else if args.http_tunnel.is_some() {
         anyhow::bail!("--http-tunnel serves one real base (no --simulate)");
     }
-    let Some(broker) = &args.mqtt_broker else {
+    let Some(broker) = &args.mqtt.mqtt_broker else {
         anyhow::bail!("give --mqtt-broker host:port or --http-tunnel URL");
     };
-    let mut cfg = MqttConfig::parse(broker)?;
-    cfg.username = args.mqtt_username.clone();
-    cfg.password = args.mqtt_password.clone();
-    cfg.tls = module_controller::mqtt::MqttTls::from_flags(
-        args.mqtt_ca_file.as_deref(),
-        args.mqtt_client_cert_file.as_deref(),
-        args.mqtt_client_key_file.as_deref(),
-    )?;
+    let cfg = args.mqtt.config(broker)?;
     let client_id = match args.simulate {
         Some(_) => format!("base-sim-{}-{}", args.id.clone().unwrap_or_else(|| "sim".into()), std::process::id()),
         None => format!("base-{}", bases[0].identity.id),

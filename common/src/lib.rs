@@ -32,7 +32,9 @@ pub async fn client(kubeconfig: Option<&Path>, server: Option<&str>) -> anyhow::
         }
         None => match server {
             Some(url) => kube::Config::new(url.parse().with_context(|| format!("--server {url:?} is not a URL"))?),
-            None => kube::Config::infer().await.context("no --kubeconfig or --server, and no usable default kubeconfig")?,
+            None => {
+                kube::Config::infer().await.context("no --kubeconfig or --server, and no usable default kubeconfig")?
+            }
         },
     };
     if let Some(url) = server {
@@ -65,7 +67,11 @@ impl Ready {
 /// Serve `/healthz` (always ok while the process runs), `/readyz` (from `ready`) and
 /// `/metrics` (the default Prometheus registry plus `registry`) on `addr`. Returns once
 /// the port is bound; serving goes on in a background task.
-pub async fn serve_health(addr: SocketAddr, registry: prometheus::Registry, ready: Ready) -> anyhow::Result<SocketAddr> {
+pub async fn serve_health(
+    addr: SocketAddr,
+    registry: prometheus::Registry,
+    ready: Ready,
+) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let bound = listener.local_addr()?;
     let app = Router::new()
@@ -119,7 +125,11 @@ mod tests {
         let get = |path: &str| {
             let url = format!("http://{addr}{path}");
             async move {
-                let out = tokio::process::Command::new("curl").args(["-s", "-o", "-", "-w", "\n%{http_code}", &url]).output().await.unwrap();
+                let out = tokio::process::Command::new("curl")
+                    .args(["-s", "-o", "-", "-w", "\n%{http_code}", &url])
+                    .output()
+                    .await
+                    .unwrap();
                 String::from_utf8(out.stdout).unwrap()
             }
         };

@@ -70,7 +70,13 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
     let m = manifests_dir();
     let (ok, out) = kubectl(
         &kc,
-        &["apply", "-f", m.join("03-deployment.yaml").to_str().unwrap(), "-f", m.join("04-service.yaml").to_str().unwrap()],
+        &[
+            "apply",
+            "-f",
+            m.join("03-deployment.yaml").to_str().unwrap(),
+            "-f",
+            m.join("04-service.yaml").to_str().unwrap(),
+        ],
     );
     assert!(ok, "apply:\n{out}");
 
@@ -79,13 +85,24 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
     let nodes = loop {
         let (_, out) = kubectl(
             &kc,
-            &["get", "pods", "-l", "app=web", "-o", "jsonpath={range .items[*]}{.status.phase} {.spec.nodeName}{\"\\n\"}{end}"],
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "-o",
+                "jsonpath={range .items[*]}{.status.phase} {.spec.nodeName}{\"\\n\"}{end}",
+            ],
         );
         let running: Vec<&str> = out.lines().filter(|l| l.starts_with("Running ")).collect();
         if running.len() == 3 {
             break running.iter().filter_map(|l| l.split(' ').nth(1)).map(String::from).collect::<BTreeSet<_>>();
         }
-        assert!(Instant::now() < deadline, "pods not Running:\n{out}\n{}", cluster(&home, port, &["logs", "kubelet"]).1);
+        assert!(
+            Instant::now() < deadline,
+            "pods not Running:\n{out}\n{}",
+            cluster(&home, port, &["logs", "kubelet"]).1
+        );
         std::thread::sleep(Duration::from_millis(500));
     };
     assert_eq!(nodes.len(), 2, "replicas run on both nodes: {nodes:?}");

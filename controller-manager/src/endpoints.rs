@@ -118,7 +118,6 @@ pub fn desired_slices(svc: &Service, pods: &[Arc<Pod>]) -> Vec<EndpointSlice> {
     let svc_name = svc.metadata.name.clone().unwrap_or_default();
     let meta = ObjectMeta {
         namespace: svc.metadata.namespace.clone(),
-        generate_name: Some(format!("{svc_name}-")),
         labels: Some(BTreeMap::from([
             (SERVICE_NAME_LABEL.to_string(), svc_name.clone()),
             (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
@@ -148,6 +147,7 @@ pub fn desired_slices(svc: &Service, pods: &[Arc<Pod>]) -> Vec<EndpointSlice> {
             out.push(slice(&ports, chunk.to_vec()));
         }
     }
+    name_slices(&svc_name, &mut out);
     if out.is_empty() {
         // A Service with no endpoints still has one (empty) slice, as in Kubernetes.
         let ports: Vec<(Option<String>, i32, String)> = svc
@@ -165,8 +165,18 @@ pub fn desired_slices(svc: &Service, pods: &[Arc<Pod>]) -> Vec<EndpointSlice> {
             })
             .collect();
         out.push(slice(&ports, Vec::new()));
+        name_slices(&svc_name, &mut out);
     }
     out
+}
+
+/// Slices are named `<service>-<index>` rather than from `generateName`: a create that races
+/// a cache which has not yet seen the previous one then fails with AlreadyExists instead of
+/// making a duplicate (whose clean-up against a stale cache could delete the live slice).
+fn name_slices(svc_name: &str, slices: &mut [EndpointSlice]) {
+    for (i, s) in slices.iter_mut().enumerate() {
+        s.metadata.name = Some(format!("{svc_name}-{i}"));
+    }
 }
 
 /// The legacy Endpoints object of a Service (None when it has no selector).
@@ -260,28 +270,37 @@ async fn reconcile_slices(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Er
     existing.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &ns);
     let has_selector = svc.spec.as_ref().and_then(|s| s.selector.as_ref()).is_some_and(|s| !s.is_empty());
-    for (i, want) in desired.iter().enumerate() {
-        match existing.get(i) {
+    let mut lagging = false;
+    for want in &desired {
+        let want_name = want.metadata.name.as_deref().unwrap_or_default();
+        match existing.iter().find(|e| e.metadata.name.as_deref() == Some(want_name)) {
             Some(have) if same_slice(have, want) => {}
             Some(have) => {
                 let mut next = (**have).clone();
                 next.endpoints = want.endpoints.clone();
                 next.ports = want.ports.clone();
-                api.replace(have.metadata.name.as_deref().unwrap_or_default(), &PostParams::default(), &next).await?;
+                api.replace(want_name, &PostParams::default(), &next).await?;
             }
-            None => {
-                api.create(&PostParams::default(), want).await?;
-            }
+            None => match api.create(&PostParams::default(), want).await {
+                Ok(_) => {}
+                // Created earlier and not in the cache yet: look again once it is.
+                Err(kube::Error::Api(e)) if e.code == 409 => lagging = true,
+                Err(e) => return Err(e.into()),
+            },
         }
     }
     if has_selector {
-        for extra in existing.iter().skip(desired.len()) {
+        let wanted: Vec<&str> = desired.iter().filter_map(|d| d.metadata.name.as_deref()).collect();
+        for extra in existing.iter().filter(|e| !wanted.contains(&e.metadata.name.as_deref().unwrap_or_default())) {
             match api.delete(extra.metadata.name.as_deref().unwrap_or_default(), &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+    if lagging {
+        return Ok(Action::requeue(Duration::from_millis(200)));
     }
     Ok(Action::requeue(Duration::from_secs(300)))
 }
@@ -437,6 +456,9 @@ mod tests {
         let pods: Vec<Arc<Pod>> = (0..250).map(|i| Arc::new(web_pod(&format!("p{i:03}"), true, i, 8080))).collect();
         let slices = desired_slices(&s, &pods);
         assert_eq!(slices.iter().map(|s| s.endpoints.as_ref().unwrap().len()).collect::<Vec<_>>(), vec![100, 100, 50]);
+        let names: Vec<_> = slices.iter().map(|s| s.metadata.name.clone().unwrap_or_default()).collect();
+        assert_eq!(names, ["web-0", "web-1", "web-2"], "deterministic names, so a racing create cannot duplicate");
+        assert!(desired_slices(&s, &[])[0].metadata.name.as_deref() == Some("web-0"), "the empty slice too");
     }
 
     #[test]

@@ -89,38 +89,8 @@ pub fn as_list(items: Vec<Value>) -> Value {
     serde_json::json!({"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}})
 }
 
-/// Kubernetes' short human durations ("5s", "3m20s", "4h", "2d").
-pub fn human_duration(secs: i64) -> String {
-    let secs = secs.max(0);
-    if secs < 120 {
-        return format!("{secs}s");
-    }
-    let mins = secs / 60;
-    if mins < 10 {
-        let s = secs % 60;
-        return if s == 0 { format!("{mins}m") } else { format!("{mins}m{s}s") };
-    }
-    if mins < 180 {
-        return format!("{mins}m");
-    }
-    let hours = mins / 60;
-    if hours < 8 {
-        let m = mins % 60;
-        return if m == 0 { format!("{hours}h") } else { format!("{hours}h{m}m") };
-    }
-    if hours < 48 {
-        return format!("{hours}h");
-    }
-    let days = hours / 24;
-    if days < 8 {
-        let h = hours % 24;
-        return if h == 0 { format!("{days}d") } else { format!("{days}d{h}h") };
-    }
-    if days < 365 * 2 {
-        return format!("{days}d");
-    }
-    format!("{}y", days / 365)
-}
+/// Kubernetes' short human durations ("5s", "3m20s", "4h", "2d"), shared with the apiserver.
+pub use apimachinery::duration::human_duration;
 
 /// The age of an RFC 3339 timestamp, now.
 pub fn age(ts: Option<&str>) -> String {

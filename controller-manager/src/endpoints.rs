@@ -255,7 +255,7 @@ async fn reconcile_slices(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Er
     let Some(slices) = &ctx.slices else { return Ok(Action::await_change()) };
     let pods = ctx.pods.state();
     let desired = desired_slices(&svc, &pods);
-    let mut existing: Vec<Arc<EndpointSlice>> = slices
+    let existing: Vec<Arc<EndpointSlice>> = slices
         .state()
         .into_iter()
         .filter(|s| {
@@ -267,7 +267,6 @@ async fn reconcile_slices(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Er
                 && !is_deleting(&s.metadata)
         })
         .collect();
-    existing.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &ns);
     let has_selector = svc.spec.as_ref().and_then(|s| s.selector.as_ref()).is_some_and(|s| !s.is_empty());
     let mut lagging = false;

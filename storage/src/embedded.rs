@@ -573,6 +573,7 @@ impl Store for SqliteStore {
 }
 
 /// Read connections and how to open more.
+#[derive(Clone)]
 struct ReadSource {
     readers: Arc<Mutex<Vec<Connection>>>,
     path: PathBuf,
@@ -596,7 +597,7 @@ impl ReadSource {
     }
 
     async fn replay(&self, prefix: &[u8], end: &[u8], after: Revision) -> Result<Vec<Event>> {
-        let source = ReadSource { readers: self.readers.clone(), path: self.path.clone(), fsync: self.fsync };
+        let source = self.clone();
         let (prefix, end) = (prefix.to_vec(), end.to_vec());
         tokio::task::spawn_blocking(move || source.read(|tx| replay(tx, &prefix, &end, after)))
             .await

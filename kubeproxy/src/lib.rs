@@ -1,7 +1,7 @@
 //! MiniK8s' node proxy as a library: the pure rule computation ([`model`], [`iptables`],
 //! [`nftables`], [`ipvs`], [`dns`], [`ingress`]) and the thin shells that apply it
 //! ([`backend`], [`proxier`], [`sysctl`]). The `kubeproxy` binary wires them to flags; the
-//! benchmark (`examples/bench.rs`) drives them directly.
+//! benchmark (`examples/kubeproxy_bench.rs`) drives them directly.
 
 pub mod backend;
 pub mod chains;

@@ -3,8 +3,8 @@
 //! store), pods/s from the first pod creation to the last successful binding.
 //!
 //! ```text
-//! cargo run --release -p scheduler --example bench
-//! BENCH_NODES=500 BENCH_PODS=1000 cargo run --release -p scheduler --example bench   # quick
+//! cargo run --release -p scheduler --example scheduler_bench
+//! BENCH_NODES=500 BENCH_PODS=1000 cargo run --release -p scheduler --example scheduler_bench   # quick
 //! BENCH_SCENARIOS=basic,anti-affinity,spread   # which workloads (default: all three)
 //! ```
 //!

@@ -1,7 +1,7 @@
 //! kubeproxy benchmark, one command (as root):
 //!
 //! ```text
-//! cargo run -p kubeproxy --example bench [-- SERVICES ENDPOINTS REQUESTS]
+//! cargo run -p kubeproxy --example kubeproxy_bench [-- SERVICES ENDPOINTS REQUESTS]
 //! ```
 //!
 //! In a network namespace of its own (the host's rules are never touched), with SERVICES

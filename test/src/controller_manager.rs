@@ -180,6 +180,36 @@ impl Drop for FakeNodeAgent {
     }
 }
 
+/// The usual set-up of a controller test: an apiserver, a namespace, the controller-manager
+/// with default flags and a fake node agent. Fields drop agent first, apiserver last.
+pub struct Fixture {
+    pub agent: FakeNodeAgent,
+    pub cm: ControllerManager,
+    pub client: kube::Client,
+    pub api: ApiServer,
+    ns: String,
+}
+
+impl Fixture {
+    pub async fn start(ns: &str) -> Result<Self> {
+        let api = ApiServer::start()?;
+        let client = api.client()?;
+        namespace(&client, ns).await?;
+        let cm = ControllerManager::start(&api, &[])?;
+        let agent = FakeNodeAgent::start(client.clone());
+        Ok(Fixture { agent, cm, client, api, ns: ns.to_string() })
+    }
+
+    /// An `Api` for a namespaced kind in the fixture's namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+}
+
 /// Set a pod's Ready condition.
 pub async fn set_pod_ready(client: &kube::Client, ns: &str, name: &str, ready: bool) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);

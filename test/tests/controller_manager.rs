@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use e2e::controller_manager::{deployment, kubectl_ok, namespace, set_pod_ready, ControllerManager, FakeNodeAgent};
+use e2e::controller_manager::{
+    deployment, kubectl_ok, namespace, set_pod_ready, ControllerManager, FakeNodeAgent, Fixture,
+};
 use e2e::{eventually, ApiServer};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -51,13 +53,10 @@ async fn rs_status(api: &Api<ReplicaSet>, name: &str) -> (i32, i32, i32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicaset_scales_adopts_and_replaces_pods() -> Result<()> {
-    let api = ApiServer::start()?;
-    let client = api.client()?;
-    namespace(&client, "rs").await?;
-    let cm = ControllerManager::start(&api, &[])?;
-    let _agent = FakeNodeAgent::start(client.clone());
-    let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), "rs");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "rs");
+    let t = Fixture::start("rs").await?;
+    let client = &t.client;
+    let rss: Api<ReplicaSet> = t.api();
+    let pods: Api<Pod> = t.api();
 
     // An orphan that matches is adopted, so only two pods are created.
     let orphan: Pod = serde_json::from_value(json!({"metadata": {"name": "orphan", "labels": {"app": "web"}},
@@ -126,15 +125,15 @@ async fn replicaset_scales_adopts_and_replaces_pods() -> Result<()> {
     .context("relabelled pod released and replaced")?;
 
     // /healthz and /metrics.
-    assert_eq!(e2e::raw(cm.port, "GET", "/healthz", None, b"")?.status, 200);
-    let metrics = e2e::raw(cm.port, "GET", "/metrics", None, b"")?.text();
+    assert_eq!(e2e::raw(t.cm.port, "GET", "/healthz", None, b"")?.status, 200);
+    let metrics = e2e::raw(t.cm.port, "GET", "/metrics", None, b"")?.text();
     assert!(
         metrics.contains("controller_manager_syncs_total{controller=\"replicaset\",result=\"success\"}"),
         "{metrics}"
     );
 
     // Events as Kubernetes records them.
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "rs");
+    let events: Api<k8s_openapi::api::core::v1::Event> = t.api();
     let evs = events.list(&ListParams::default()).await?;
     assert!(evs.items.iter().any(|e| e.reason.as_deref() == Some("SuccessfulCreate")));
     assert!(evs.items.iter().any(|e| e.reason.as_deref() == Some("SuccessfulDelete")));
@@ -147,14 +146,11 @@ fn is_running(p: &Pod) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deployment_rollout_status_and_undo_with_kubectl() -> Result<()> {
-    let api = ApiServer::start()?;
-    let client = api.client()?;
-    namespace(&client, "dep").await?;
-    let _cm = ControllerManager::start(&api, &[])?;
-    let _agent = FakeNodeAgent::start(client.clone());
-    let deps: Api<Deployment> = Api::namespaced(client.clone(), "dep");
-    let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), "dep");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "dep");
+    let t = Fixture::start("dep").await?;
+    let api = &t.api;
+    let deps: Api<Deployment> = t.api();
+    let rss: Api<ReplicaSet> = t.api();
+    let pods: Api<Pod> = t.api();
     deps.create(&PostParams::default(), &deployment("web", 4, "nginx:1")?).await?;
     let out = kubectl_ok(&api, &["-n", "dep", "rollout", "status", "deployment/web", "--timeout=60s"]).await?;
     assert!(out.contains("successfully rolled out"), "{out}");
@@ -224,13 +220,10 @@ async fn deployment_rollout_status_and_undo_with_kubectl() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn recreate_and_paused_deployments() -> Result<()> {
-    let api = ApiServer::start()?;
-    let client = api.client()?;
-    namespace(&client, "rec").await?;
-    let _cm = ControllerManager::start(&api, &[])?;
-    let _agent = FakeNodeAgent::start(client.clone());
-    let deps: Api<Deployment> = Api::namespaced(client.clone(), "rec");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "rec");
+    let t = Fixture::start("rec").await?;
+    let api = &t.api;
+    let deps: Api<Deployment> = t.api();
+    let pods: Api<Pod> = t.api();
     let mut d = deployment("rec", 3, "nginx:1")?;
     d.spec.strategy = Some(serde_json::from_value(json!({"type": "Recreate"}))?);
     deps.create(&PostParams::default(), &d).await?;
@@ -271,16 +264,13 @@ fn slice_conditions(slices: &[EndpointSlice]) -> BTreeMap<String, (bool, bool, b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn endpointslices_and_endpoints_follow_pod_readiness() -> Result<()> {
-    let api = ApiServer::start()?;
-    let client = api.client()?;
-    namespace(&client, "ep").await?;
-    let _cm = ControllerManager::start(&api, &[])?;
-    let _agent = FakeNodeAgent::start(client.clone());
-    let svcs: Api<Service> = Api::namespaced(client.clone(), "ep");
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "ep");
-    let eps: Api<Endpoints> = Api::namespaced(client.clone(), "ep");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "ep");
-    let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), "ep");
+    let t = Fixture::start("ep").await?;
+    let client = &t.client;
+    let svcs: Api<Service> = t.api();
+    let slices: Api<EndpointSlice> = t.api();
+    let eps: Api<Endpoints> = t.api();
+    let pods: Api<Pod> = t.api();
+    let rss: Api<ReplicaSet> = t.api();
     let mut rs = replicaset("web", 3)?;
     if let Some(spec) = rs.spec.template.as_mut().and_then(|t| t.spec.as_mut()) {
         spec.containers[0].ports = Some(vec![serde_json::from_value(json!({"name": "http", "containerPort": 8080}))?]);
@@ -341,14 +331,11 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_delete_cascade_background_foreground_orphan() -> Result<()> {
-    let api = ApiServer::start()?;
-    let client = api.client()?;
-    namespace(&client, "gc").await?;
-    let _cm = ControllerManager::start(&api, &[])?;
-    let _agent = FakeNodeAgent::start(client.clone());
-    let deps: Api<Deployment> = Api::namespaced(client.clone(), "gc");
-    let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), "gc");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "gc");
+    let t = Fixture::start("gc").await?;
+    let api = &t.api;
+    let deps: Api<Deployment> = t.api();
+    let rss: Api<ReplicaSet> = t.api();
+    let pods: Api<Pod> = t.api();
     for name in ["bg", "fg", "orphan"] {
         deps.create(&PostParams::default(), &deployment(name, 2, "nginx:1")?).await?;
         kubectl_ok(&api, &["-n", "gc", "rollout", "status", &format!("deployment/{name}"), "--timeout=60s"]).await?;
@@ -389,7 +376,7 @@ async fn kubectl_delete_cascade_background_foreground_orphan() -> Result<()> {
     assert_eq!(active_pods(&pods, "app=orphan").await.len(), 2, "pods kept");
 
     // A dependent whose owner is gone is collected (owner deleted while the collector runs).
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "gc");
+    let cms: Api<ConfigMap> = t.api();
     let rs = rss.list(&ListParams::default().labels("app=orphan")).await?.items.remove(0);
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "dep", "ownerReferences": [{
         "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.metadata.name, "uid": rs.metadata.uid}]}}))?;
@@ -403,20 +390,17 @@ async fn kubectl_delete_cascade_background_foreground_orphan() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn namespace_deletion_removes_contents_then_namespace() -> Result<()> {
-    let api = ApiServer::start()?;
-    let client = api.client()?;
-    namespace(&client, "doomed").await?;
-    let _cm = ControllerManager::start(&api, &[])?;
-    let _agent = FakeNodeAgent::start(client.clone());
-    let deps: Api<Deployment> = Api::namespaced(client.clone(), "doomed");
+    let t = Fixture::start("doomed").await?;
+    let (api, client) = (&t.api, &t.client);
+    let deps: Api<Deployment> = t.api();
     deps.create(&PostParams::default(), &deployment("web", 2, "nginx:1")?).await?;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "doomed");
+    let cms: Api<ConfigMap> = t.api();
     cms.create(
         &PostParams::default(),
         &serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"a": "b"}}))?,
     )
     .await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "doomed");
+    let pods: Api<Pod> = t.api();
     eventually(WAIT, || async { active_pods(&pods, "app=web").await.len() == 2 }).await.context("pods up")?;
     kubectl_ok(&api, &["delete", "namespace", "doomed", "--timeout=60s"]).await?;
     let nss: Api<Namespace> = Api::all(client.clone());
@@ -427,12 +411,9 @@ async fn namespace_deletion_removes_contents_then_namespace() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jobs_complete_fail_and_index() -> Result<()> {
-    let api = ApiServer::start()?;
-    let client = api.client()?;
-    namespace(&client, "jobs").await?;
-    let _cm = ControllerManager::start(&api, &[])?;
-    let agent = FakeNodeAgent::start(client.clone());
-    let jobs: Api<Job> = Api::namespaced(client.clone(), "jobs");
+    let t = Fixture::start("jobs").await?;
+    let api = &t.api;
+    let jobs: Api<Job> = t.api();
     let job: Job = serde_json::from_value(json!({"metadata": {"name": "sum"}, "spec": {
         "completions": 4, "parallelism": 2, "completionMode": "Indexed", "ttlSecondsAfterFinished": 3,
         "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox:1"}]}}}}))?;
@@ -450,9 +431,9 @@ async fn jobs_complete_fail_and_index() -> Result<()> {
     let bad: Job = serde_json::from_value(json!({"metadata": {"name": "bad"}, "spec": {"backoffLimit": 1,
         "template": {"metadata": {"labels": {"fail": "yes"}}, "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox:1"}]}}}}))?;
     // The agent leaves these pods alone; the test fails them.
-    agent.ready.store(false, std::sync::atomic::Ordering::SeqCst);
+    t.agent.ready.store(false, std::sync::atomic::Ordering::SeqCst);
     jobs.create(&PostParams::default(), &bad).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "jobs");
+    let pods: Api<Pod> = t.api();
     let deadline = Instant::now() + WAIT;
     loop {
         // Fail every pod of the job as a kubelet would report a crashing container.
@@ -667,13 +648,9 @@ async fn unreachable_node_is_tainted_and_its_pods_evicted() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cronjob_starts_jobs_on_schedule() -> Result<()> {
     use k8s_openapi::api::batch::v1::CronJob;
-    let api = ApiServer::start()?;
-    let client = api.client()?;
-    namespace(&client, "cron").await?;
-    let _cm = ControllerManager::start(&api, &[])?;
-    let _agent = FakeNodeAgent::start(client.clone());
-    let cjs: Api<CronJob> = Api::namespaced(client.clone(), "cron");
-    let jobs: Api<Job> = Api::namespaced(client.clone(), "cron");
+    let t = Fixture::start("cron").await?;
+    let cjs: Api<CronJob> = t.api();
+    let jobs: Api<Job> = t.api();
     let cj: CronJob = serde_json::from_value(json!({"metadata": {"name": "tick"}, "spec": {"schedule": "* * * * *",
         "jobTemplate": {"spec": {"template": {"spec": {"restartPolicy": "OnFailure", "containers": [{"name": "c", "image": "busybox:1"}]}}}}}}))?;
     cjs.create(&PostParams::default(), &cj).await?;

@@ -4,7 +4,9 @@
 //!   `x-kubernetes-patch-merge-key` / `x-kubernetes-patch-strategy` extensions.
 //! - [`fieldmanager`] — server-side apply: managedFields, conflicts, the apply merge.
 //! - [`duration`] — the short human durations `kubectl get` prints in AGE columns.
+//! - [`quantity`] — resource quantities (`100m`, `128Mi`) as numbers.
 
 pub mod duration;
 pub mod fieldmanager;
+pub mod quantity;
 pub mod strategicpatch;

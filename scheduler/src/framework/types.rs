@@ -16,46 +16,13 @@ pub type Labels = BTreeMap<String, String>;
 pub const DEFAULT_MILLI_CPU_REQUEST: i64 = 100;
 pub const DEFAULT_MEMORY_REQUEST: i64 = 200 * 1024 * 1024;
 
-/// Parse a Kubernetes quantity (`100m`, `1.5`, `128Mi`, `1e3`, `2G`) into a float of base units.
-pub fn parse_quantity(s: &str) -> Option<f64> {
-    let s = s.trim();
-    if s.is_empty() {
-        return None;
-    }
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-')).unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let num: f64 = num.parse().ok()?;
-    let mult = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        e if e.starts_with('e') || e.starts_with('E') => 10f64.powi(e[1..].parse().ok()?),
-        _ => return None,
-    };
-    Some(num * mult)
-}
-
 /// A quantity in the unit the scheduler counts `name` in: millicores for cpu, whole units
 /// (rounded up, as `Quantity.Value()` does) for everything else.
 pub fn quantity_value(name: &str, q: &str) -> i64 {
-    let v = parse_quantity(q).unwrap_or(0.0);
     if name == "cpu" {
-        (v * 1000.0).ceil() as i64
+        apimachinery::quantity::milli_value(q)
     } else {
-        v.ceil() as i64
+        apimachinery::quantity::value(q)
     }
 }
 

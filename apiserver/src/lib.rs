@@ -10,13 +10,17 @@ use std::sync::Arc;
 use serde_json::json;
 use storage::Store;
 
+pub mod authn;
 pub mod continuetoken;
 pub mod crds;
 pub mod error;
 pub mod eventsview;
 pub mod eventttl;
+pub mod hpaview;
 pub mod ipalloc;
 pub mod metrics;
+pub mod metricsapi;
+pub mod nscache;
 pub mod openapi;
 pub mod openapi_proto;
 pub mod patch;
@@ -29,6 +33,7 @@ pub mod selectors;
 pub mod server;
 pub mod table;
 pub mod validation;
+pub mod views;
 pub mod watch;
 
 use registry::generic::{Registry, WriteOptions};
@@ -78,6 +83,17 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         server_address: opts.advertise_address.clone(),
         timing: watch::WatchTiming::default(),
     }))
+}
+
+/// Hand freed heap back to the OS. glibc keeps what a process freed for reuse, so the
+/// scratch memory of building the OpenAPI documents at startup (a peak of ~25 MB, freed
+/// at once) would otherwise stay in a fresh apiserver's resident set for good.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free pages of glibc's own heap.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// The namespaces every cluster has.

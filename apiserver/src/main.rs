@@ -40,6 +40,18 @@ struct Args {
     /// How long Events are kept after they last happened (Go duration; 0 keeps them).
     #[arg(long, default_value = "1h")]
     event_ttl: String,
+    /// Static token file (CSV: token,user,uid,"group1,group2"); when set, every request but
+    /// /healthz, /livez, /readyz and /version needs `Authorization: Bearer <token>`.
+    #[arg(long)]
+    token_auth_file: Option<PathBuf>,
+    /// Port of an additional plain-HTTP listener that needs no authentication (0: none), as
+    /// kube-apiserver's `--insecure-port` before 1.20: for the official kubectl on this host,
+    /// which sends no token over plain HTTP. Keep it on a loopback address.
+    #[arg(long, default_value_t = 0)]
+    insecure_port: u16,
+    /// Address of the `--insecure-port` listener.
+    #[arg(long, default_value = "127.0.0.1")]
+    insecure_bind_address: String,
     /// Log level or tracing filter (error, warn, info, debug, trace, or e.g. "apiserver=debug").
     #[arg(short = 'v', long = "log-level", default_value = "info")]
     log_level: String,
@@ -52,6 +64,14 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 
+    let authn = match &args.token_auth_file {
+        Some(path) => {
+            let auth = apiserver::authn::TokenAuthenticator::load(path)?;
+            tracing::info!(path = %path.display(), users = auth.len(), "token authentication enabled");
+            Some(std::sync::Arc::new(auth))
+        }
+        None => None,
+    };
     let backend = if args.etcd_servers.iter().any(|s| !s.is_empty()) {
         storage::Backend::Etcd { endpoints: args.etcd_servers.iter().filter(|s| !s.is_empty()).cloned().collect() }
     } else {
@@ -97,17 +117,43 @@ async fn main() -> anyhow::Result<()> {
             Err(e) => anyhow::bail!("bootstrap failed: {e}"),
         }
     }
+    apiserver::release_free_memory();
     let addr: SocketAddr = format!("{}:{}", args.bind_address, args.port)
         .parse()
         .with_context(|| format!("invalid --bind-address {:?}", args.bind_address))?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!(%addr, "serving the Kubernetes API over plain HTTP");
-    axum::serve(listener, apiserver::server::router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("server failed")?;
+    if args.insecure_port != 0 {
+        let addr: SocketAddr = format!("{}:{}", args.insecure_bind_address, args.insecure_port)
+            .parse()
+            .with_context(|| format!("invalid --insecure-bind-address {:?}", args.insecure_bind_address))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        tracing::warn!(%addr, "serving the Kubernetes API without authentication (--insecure-port)");
+        let app = apiserver::server::router(state.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await {
+                tracing::error!(error = %e, "insecure listener failed");
+            }
+        });
+    }
+    let mut app = apiserver::server::router(state);
+    if let Some(auth) = authn {
+        app = apiserver::authn::layer(app, auth);
+    }
+    // Graceful shutdown lets requests finish, but a watch never finishes on its own: after
+    // the signal, open connections get SHUTDOWN_GRACE and are then dropped with the process.
+    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
+    tokio::select! {
+        r = server => r.context("server failed")?,
+        _ = async { shutdown_signal().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            tracing::info!(grace = ?SHUTDOWN_GRACE, "closing the connections still open (watches)");
+        }
+    }
     Ok(())
 }
+
+/// How long requests in flight (and watches) may run on after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 async fn shutdown_signal() {
     let ctrl_c = async {

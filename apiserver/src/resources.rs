@@ -18,15 +18,19 @@ fn normalize_as<T>(v: Value) -> Result<Value, String>
 where
     T: serde::de::DeserializeOwned + serde::Serialize,
 {
-    let typed: T = serde_path_to_error::deserialize(v).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path.is_empty() || path == "." {
-            inner.to_string()
-        } else {
-            format!("{path}: {inner}")
-        }
-    })?;
+    // Fast path without path tracking; only a failure is decoded again for its path.
+    let typed: T = match T::deserialize(&v) {
+        Ok(t) => t,
+        Err(_) => serde_path_to_error::deserialize(&v).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path.is_empty() || path == "." {
+                inner.to_string()
+            } else {
+                format!("{path}: {inner}")
+            }
+        })?,
+    };
     serde_json::to_value(&typed).map_err(|e| e.to_string())
 }
 
@@ -367,7 +371,8 @@ pub static RESOURCES: &[ResourceDef] = &[
         &kinds::CRONJOB,
         k::batch::v1::CronJob
     ),
-    // autoscaling/v2 (storage version) — autoscaling/v1 needs a conversion and comes later
+    // autoscaling/v2 (storage version), then autoscaling/v1: a converted view of the same storage
+    // (crate::hpaview, served by server::converted_view)
     res!(
         "autoscaling",
         "v2",
@@ -380,6 +385,19 @@ pub static RESOURCES: &[ResourceDef] = &[
         STATUS,
         &kinds::HPA,
         k::autoscaling::v2::HorizontalPodAutoscaler
+    ),
+    res!(
+        "autoscaling",
+        "v1",
+        "HorizontalPodAutoscaler",
+        "horizontalpodautoscalers",
+        "horizontalpodautoscaler",
+        &["hpa"],
+        ALL,
+        true,
+        STATUS,
+        &kinds::HPA,
+        k::autoscaling::v1::HorizontalPodAutoscaler
     ),
     // discovery.k8s.io/v1
     res!(
@@ -602,6 +620,8 @@ pub fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
             None => out.push((r.group, vec![r.version])),
         }
     }
+    // Served by crate::metricsapi from the kubelets, not from storage.
+    out.push((crate::metricsapi::GROUP, vec![crate::metricsapi::VERSION]));
     out
 }
 
@@ -645,6 +665,9 @@ pub fn api_group(group: &str) -> Option<Value> {
 /// `GET /api/v1` or `GET /apis/<group>/<version>`: an APIResourceList, or None if the
 /// group/version is not served.
 pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
+    if group == crate::metricsapi::GROUP {
+        return (version == crate::metricsapi::VERSION).then(crate::metricsapi::resource_list);
+    }
     let mut resources = Vec::new();
     for r in all().into_iter().filter(|r| r.group == group && r.version == version) {
         let mut entry = json!({
@@ -660,7 +683,9 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
         if !r.categories.is_empty() {
             entry["categories"] = json!(r.categories);
         }
-        entry["storageVersionHash"] = Value::String(storage_version_hash(r));
+        // A converted view publishes the hash of the version it is stored as.
+        let stored = crate::views::of(r).and_then(|v| find(v.storage.0, v.storage.1, v.storage.2)).unwrap_or(r);
+        entry["storageVersionHash"] = Value::String(storage_version_hash(stored));
         resources.push(entry);
         for s in r.subresources {
             let (kind, verbs, group_version): (&str, Vec<&str>, Option<(&str, &str)>) = match s {
@@ -670,9 +695,9 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
                 Sub::Eviction => ("Eviction", vec!["create"], Some(("policy", "v1"))),
                 Sub::Finalize => (r.kind, vec!["update"], None),
                 Sub::NotYetServed("log", _) => ("Pod", vec!["get"], None),
-                Sub::NotYetServed("exec", _) | Sub::NotYetServed("attach", _) | Sub::NotYetServed("portforward", _) => {
-                    ("PodExecOptions", vec!["create", "get"], None)
-                }
+                Sub::NotYetServed("exec", _) => ("PodExecOptions", vec!["create", "get"], None),
+                Sub::NotYetServed("attach", _) => ("PodAttachOptions", vec!["create", "get"], None),
+                Sub::NotYetServed("portforward", _) => ("PodPortForwardOptions", vec!["create", "get"], None),
                 Sub::NotYetServed(_, _) => (
                     if r.kind == "Pod" { "PodProxyOptions" } else { "NodeProxyOptions" },
                     vec!["create", "delete", "get", "patch", "update"],

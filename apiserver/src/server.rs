@@ -165,7 +165,11 @@ async fn openapi_v3(
 }
 
 fn json_response(code: StatusCode, v: &Value, warnings: &[String]) -> Response {
-    let body = serde_json::to_vec(v).unwrap_or_default();
+    json_bytes_response(code, serde_json::to_vec(v).unwrap_or_default(), warnings)
+}
+
+/// A JSON body already serialized.
+fn json_bytes_response(code: StatusCode, body: Vec<u8>, warnings: &[String]) -> Response {
     let mut r = (code, body).into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     for w in warnings {
@@ -204,11 +208,19 @@ fn metric_labels(
 
 async fn dispatch(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let start = Instant::now();
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let query: HashMap<String, String> = parts.uri.query().map(|q| form_urlencoded_pairs(q)).unwrap_or_default();
     let target = requestinfo::parse(parts.uri.path());
     let (verb, group, resource, sub) = metric_labels(&parts.method, &target, &query);
-    let resp = match route(&state, &parts.method, &parts.headers, &query, target, body).await {
+    let result = match &target {
+        // pods/exec, attach, portforward: long-running upgrades proxied to the kubelet.
+        Some(Target::Resource(rp)) if crate::proxy::is_stream_subresource(rp) => {
+            let rp = rp.clone();
+            crate::proxy::stream(&state, &mut parts, &rp).await
+        }
+        _ => route(&state, &parts.method, &parts.headers, &query, target, body).await,
+    };
+    let resp = match result {
         Ok(r) => r,
         Err(e) => {
             if e.code >= 500 {
@@ -235,7 +247,7 @@ fn form_urlencoded_pairs(q: &str) -> HashMap<String, String> {
         .collect()
 }
 
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -282,6 +294,16 @@ async fn route(
         Some(Target::Groups) => discovery(Some(resources::api_group_list())),
         Some(Target::Group(g)) => discovery(resources::api_group(&g)),
         Some(Target::ResourceList { group, version }) => discovery(resources::api_resource_list(&group, &version)),
+        Some(Target::Resource(rp)) if rp.group == crate::metricsapi::GROUP => {
+            if !is_get {
+                return Err(ApiError::method_not_allowed(
+                    "the server does not allow this method on the requested resource",
+                ));
+            }
+            let watch = q_bool(query, "watch")?.unwrap_or(false);
+            let v = crate::metricsapi::serve(state, &rp, watch, list_options(query)?).await?;
+            Ok(json_response(StatusCode::OK, &v, &[]))
+        }
         Some(Target::Resource(rp)) => resource_request(state, method, headers, query, rp, body).await,
     }
 }
@@ -428,8 +450,8 @@ async fn resource_request(
     if !res.namespaced && rp.namespace.is_some() {
         return Err(not_found_path());
     }
-    if res.group == "events.k8s.io" {
-        return events_view(state, method, headers, query, rp, body).await;
+    if let Some(view) = crate::views::of(res) {
+        return converted_view(state, method, headers, query, rp, body, res, view).await;
     }
     if res.namespaced && rp.namespace.is_none() && rp.name.is_some() {
         return Err(not_found_path());
@@ -461,10 +483,18 @@ async fn resource_request(
     match (verb, sub) {
         // ---- main resource
         ("get", None) => {
+            if !table {
+                // The stored JSON with its resourceVersion spliced in: no decode/encode.
+                return Ok(json_bytes_response(StatusCode::OK, reg.get_json(res, &ns, &name).await?, &[]));
+            }
             let obj = reg.get(res, &ns, &name).await?;
             Ok(respond_object(StatusCode::OK, res, obj, table, query, &[]))
         }
         ("list", None) => {
+            if !table {
+                let list = reg.list_json(res, rp.namespace.as_deref(), &list_options(query)?).await?;
+                return Ok(json_bytes_response(StatusCode::OK, list, &[]));
+            }
             let list = reg.list(res, rp.namespace.as_deref(), &list_options(query)?).await?;
             if table {
                 return Ok(json_response(StatusCode::OK, &crate::table::to_table(res, &list, query), &[]));
@@ -480,7 +510,8 @@ async fn resource_request(
                     negate: false,
                 });
             }
-            serve_watch(state, res, rp.namespace.clone(), opts, query, None).await
+            let enc = WatchEncoder::new(None, headers, res, query);
+            serve_watch(state, res, rp.namespace.clone(), opts, query, enc).await
         }
         ("create", None) => {
             if rp.name.is_some() || (res.namespaced && rp.namespace.is_none()) {
@@ -490,7 +521,10 @@ async fn resource_request(
             let obj = decode_object(headers, &bytes)?;
             let opts = write_options(query)?;
             let out = reg.create(res, &ns, obj, &opts).await?;
-            Ok(respond_object(StatusCode::CREATED, res, out.object, table, query, &out.warnings))
+            match out.json {
+                Some(json) if !table => Ok(json_bytes_response(StatusCode::CREATED, json, &out.warnings)),
+                _ => Ok(respond_object(StatusCode::CREATED, res, out.object, table, query, &out.warnings)),
+            }
         }
         ("update", None) | ("update", Some(Sub::Status)) | ("update", Some(Sub::Finalize)) => {
             if rp.name.is_none() {
@@ -731,22 +765,28 @@ fn respond_object(
     json_response(code, &obj, warnings)
 }
 
-// ------------------------------------------------------------------ events.k8s.io/v1
+// ------------------------------------------------------------------ converted views
 
-/// events.k8s.io/v1 Events: every verb on the core/v1 Events, converted.
-async fn events_view(
+/// A version served as a view of another version's storage (events.k8s.io/v1 over core/v1
+/// Events, autoscaling/v1 over autoscaling/v2 HPAs): every verb on the stored resource,
+/// converted on the way in and out.
+async fn converted_view(
     state: &Arc<AppState>,
     method: &Method,
     headers: &HeaderMap,
     query: &HashMap<String, String>,
     rp: ResourcePath,
     body: Body,
+    served: &'static ResourceDef,
+    view: &'static crate::views::View,
 ) -> ApiResult<Response> {
-    use crate::eventsview::{core_field, from_v1, to_v1};
-    let core = resources::find("", "v1", "events").ok_or_else(|| ApiError::internal("no events resource"))?;
-    if rp.subresource.is_some() {
-        return Err(not_found_path());
-    }
+    let (sg, sv, sp) = view.storage;
+    let core = resources::find(sg, sv, sp).ok_or_else(|| ApiError::internal("no storage resource for the view"))?;
+    let status_sub = match rp.subresource.as_deref() {
+        None => false,
+        Some("status") if core.has_status() => true,
+        Some(_) => return Err(not_found_path()),
+    };
     let watch_param = q_bool(query, "watch")?.unwrap_or(false);
     let verb = requestinfo::verb(method, &rp, watch_param);
     let ns = rp.namespace.clone().unwrap_or_default();
@@ -757,35 +797,52 @@ async fn events_view(
         if table {
             return respond_object(code, core, obj, true, query, warnings);
         }
-        json_response(code, &to_v1(&obj), warnings)
+        json_response(code, &(view.to_view)(&obj), warnings)
     };
     let list_opts = || -> ApiResult<ListOptions> {
         let mut opts = list_options(query)?;
         for r in opts.field_selector.requirements.iter_mut() {
-            r.field = core_field(&r.field);
+            r.field = (view.field)(&r.field);
         }
         Ok(opts)
     };
     let convert_list = |mut list: Value| -> Value {
         if let Some(items) = list.get_mut("items").and_then(Value::as_array_mut) {
             for i in items.iter_mut() {
-                *i = to_v1(i);
+                *i = (view.to_view)(i);
             }
         }
-        list["apiVersion"] = json!("events.k8s.io/v1");
-        list["kind"] = json!("EventList");
+        list["apiVersion"] = json!(view.api_version());
+        list["kind"] = json!(format!("{}List", view.kind));
         list
     };
+    // A body in the served version: typed check (and unknown fields) as that version, then
+    // converted to the stored one.
+    let incoming = |obj: Value, fv: FieldValidation| -> ApiResult<(Value, Vec<String>)> {
+        let (obj, warnings) = reg.decode_body(served, rp.namespace.as_deref(), obj, fv)?;
+        let stored = (view.from_view)(&obj).map_err(|e| {
+            ApiError::bad_request(format!(
+                "{} in version \"{}\" cannot be handled as a {}: {e}",
+                view.kind, view.version, view.kind
+            ))
+        })?;
+        Ok((stored, warnings))
+    };
+    let with_warnings = |mut out: crate::registry::generic::Outcome, w: Vec<String>| {
+        out.warnings.extend(w);
+        out
+    };
+    let update_kind = if status_sub { UpdateKind::Status } else { UpdateKind::Main };
     match verb {
         "get" => Ok(respond(StatusCode::OK, reg.get(core, &ns, &name).await?, &[])),
-        "list" => {
+        "list" if !status_sub => {
             let list = reg.list(core, rp.namespace.as_deref(), &list_opts()?).await?;
             if table {
                 return Ok(json_response(StatusCode::OK, &crate::table::to_table(core, &list, query), &[]));
             }
             Ok(json_response(StatusCode::OK, &convert_list(list), &[]))
         }
-        "watch" => {
+        "watch" if !status_sub => {
             let mut opts = list_opts()?;
             if rp.name.is_some() {
                 opts.field_selector.requirements.push(crate::selectors::FieldRequirement {
@@ -794,55 +851,82 @@ async fn events_view(
                     negate: false,
                 });
             }
-            serve_watch(state, core, rp.namespace.clone(), opts, query, Some(to_v1)).await
+            let enc = WatchEncoder::new(Some(view.to_view), headers, core, query);
+            serve_watch(state, core, rp.namespace.clone(), opts, query, enc).await
         }
-        "create" if rp.name.is_none() && rp.namespace.is_some() => {
+        "create" if rp.name.is_none() && rp.namespace.is_some() && !status_sub => {
             let bytes = read_body(headers, body).await?;
-            let obj = from_v1(&decode_object(headers, &bytes)?);
-            let out = reg.create(core, &ns, obj, &write_options(query)?).await?;
+            let opts = write_options(query)?;
+            let (obj, w) = incoming(decode_object(headers, &bytes)?, opts.field_validation)?;
+            let out = with_warnings(reg.create(core, &ns, obj, &opts).await?, w);
             Ok(respond(StatusCode::CREATED, out.object, &out.warnings))
         }
         "update" if rp.name.is_some() => {
             let bytes = read_body(headers, body).await?;
-            let obj = from_v1(&decode_object(headers, &bytes)?);
-            let (out, created) = reg.update(core, &ns, &name, obj, UpdateKind::Main, &write_options(query)?).await?;
+            let opts = write_options(query)?;
+            let (obj, w) = incoming(decode_object(headers, &bytes)?, opts.field_validation)?;
+            let (out, created) = reg.update(core, &ns, &name, obj, update_kind, &opts).await?;
+            let out = with_warnings(out, w);
             Ok(respond(if created { StatusCode::CREATED } else { StatusCode::OK }, out.object, &out.warnings))
         }
         "patch" if rp.name.is_some() => {
             let ptype = patch_type(headers)?;
-            if ptype == PatchType::Apply {
-                return Err(ApiError::unsupported_media_type(
-                    "server-side apply of events.k8s.io/v1 Events is not supported - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
-                ));
-            }
             let bytes = read_body(headers, body).await?;
             let opts = write_options(query)?;
+            if ptype == PatchType::Apply {
+                if status_sub {
+                    return Err(ApiError::unsupported_media_type(
+                        "server-side apply of a subresource is not supported - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+                    ));
+                }
+                // The configuration converted to the stored version is applied there (the
+                // managedFields entries name the stored version).
+                let config = crate::registry::apply::parse_config(served, &name, &bytes)?;
+                let config = (view.from_view)(&config).map_err(|e| ApiError::bad_request(e))?;
+                let apply_opts = crate::registry::apply::ApplyOptions {
+                    field_manager: query.get("fieldManager").map(String::as_str).unwrap_or_default(),
+                    force: q_bool(query, "force")?.unwrap_or(false),
+                    write: opts,
+                };
+                let (out, created) = reg.apply(core, &ns, &name, config, &apply_opts).await?;
+                let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+                return Ok(respond(code, out.object, &out.warnings));
+            }
             let out = reg
-                .guaranteed_update(core, &ns, &name, UpdateKind::Main, &opts, |current| {
+                .guaranteed_update(core, &ns, &name, update_kind, &opts, |current| {
                     let Some(current) = current else { return Ok(None) };
-                    let patched = crate::patch::apply(ptype, &to_v1(current), &bytes, ("events.k8s.io", "v1", "Event"))
-                        .map_err(|e| match e {
-                            crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
-                            crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
-                        })?;
-                    let (obj, _) = reg.decode_body(core, Some(&ns), from_v1(&patched), opts.field_validation)?;
+                    let patched = crate::patch::apply(
+                        ptype,
+                        &(view.to_view)(current),
+                        &bytes,
+                        (view.group, view.version, view.kind),
+                    )
+                    .map_err(|e| match e {
+                        crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
+                        crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
+                    })?;
+                    let (stored, _) = incoming(patched, opts.field_validation)?;
+                    let (obj, _) = reg.decode_body(core, Some(&ns), stored, opts.field_validation)?;
                     Ok(Some(Intent { object: obj, precondition: None }))
                 })
                 .await?;
             Ok(respond(StatusCode::OK, out.object, &out.warnings))
         }
-        "delete" if rp.name.is_some() => {
+        "delete" if rp.name.is_some() && !status_sub => {
             let bytes = read_body(headers, body).await?;
             let opts = delete_options(query, &bytes)?;
             let obj = match reg.delete(core, &ns, &name, &opts).await? {
+                Deleted::Now(o) if !core.strategy.return_deleted_object() => {
+                    let uid = o.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
+                    let mut status = success_status(core, &name, uid);
+                    status["details"]["group"] = json!(view.group);
+                    return Ok(json_response(StatusCode::OK, &status, &[]));
+                }
                 Deleted::Now(o) | Deleted::Marked(o) => o,
             };
-            let uid = obj.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
-            let mut status = success_status(core, &name, uid);
-            status["details"]["group"] = json!("events.k8s.io");
-            Ok(json_response(StatusCode::OK, &status, &[]))
+            Ok(json_response(StatusCode::OK, &(view.to_view)(&obj), &[]))
         }
-        "deletecollection" => {
+        "deletecollection" if !status_sub => {
             let bytes = read_body(headers, body).await?;
             let opts = delete_options(query, &bytes)?;
             let list = reg.delete_collection(core, rp.namespace.as_deref(), &list_opts()?, &opts).await?;
@@ -988,13 +1072,53 @@ async fn bind_pod(
 /// A converted view of the stored objects (events.k8s.io/v1 over core/v1 Events).
 type View = fn(&Value) -> Value;
 
+/// How a watch stream carries its objects: as stored, through a converted view, or as
+/// one-row `meta.k8s.io/v1` Tables (`as=Table`, what `kubectl get -w` asks for). As in
+/// Kubernetes, only the first Table event carries the column definitions.
+struct WatchEncoder {
+    view: Option<View>,
+    table: Option<(&'static ResourceDef, HashMap<String, String>)>,
+    sent_columns: bool,
+}
+
+impl WatchEncoder {
+    fn new(
+        view: Option<View>,
+        headers: &HeaderMap,
+        table_res: &'static ResourceDef,
+        query: &HashMap<String, String>,
+    ) -> Self {
+        let table = wants_table(headers).then(|| (table_res, query.clone()));
+        WatchEncoder { view, table, sent_columns: false }
+    }
+
+    /// One event line for `obj` (`raw`: its stored JSON, when at hand).
+    fn line(&mut self, t: &str, obj: &Value, raw: Option<&[u8]>) -> Bytes {
+        if let Some((res, query)) = &self.table {
+            let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
+            let list = json!({"metadata": {"resourceVersion": rv}, "items": [obj]});
+            let mut table = crate::table::to_table(res, &list, query);
+            if self.sent_columns {
+                table["columnDefinitions"] = Value::Null;
+            }
+            self.sent_columns = true;
+            return watch::event_line(t, &serde_json::to_vec(&table).unwrap_or_default());
+        }
+        match (self.view, raw) {
+            (Some(f), _) => watch::event_line(t, &serde_json::to_vec(&f(obj)).unwrap_or_default()),
+            (None, Some(raw)) => watch::event_line(t, raw),
+            (None, None) => watch::event_line(t, &serde_json::to_vec(obj).unwrap_or_default()),
+        }
+    }
+}
+
 async fn serve_watch(
     state: &Arc<AppState>,
     res: &'static ResourceDef,
     ns: Option<String>,
     opts: ListOptions,
     query: &HashMap<String, String>,
-    view: Option<View>,
+    mut enc: WatchEncoder,
 ) -> ApiResult<Response> {
     Registry::check_field_selector(res, &opts.field_selector)?;
     let bookmarks = q_bool(query, "allowWatchBookmarks")?.unwrap_or(false);
@@ -1064,11 +1188,7 @@ async fn serve_watch(
             )
             .await?;
         for item in list["items"].as_array().into_iter().flatten() {
-            let item = match view {
-                Some(f) => f(item),
-                None => item.clone(),
-            };
-            initial.push(watch::event_line("ADDED", &serde_json::to_vec(&item).unwrap_or_default()));
+            initial.push(enc.line("ADDED", item, None));
         }
         list.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|s| s.parse().ok()).unwrap_or(0)
     } else {
@@ -1113,7 +1233,7 @@ async fn serve_watch(
                 for ev in backlog {
                     last = last.max(ev.revision);
                     if let Some(t) = watch::event_type(&ev, &filter) {
-                        if !send(view_line(t, &ev, view)).await {
+                        if !send(enc.line(t, &ev.object, Some(&ev.object_json))).await {
                             return;
                         }
                     }
@@ -1130,7 +1250,7 @@ async fn serve_watch(
                                 if ev.revision <= after { continue; }
                                 last = last.max(ev.revision);
                                 if let Some(t) = watch::event_type(&ev, &filter) {
-                                    if !send(view_line(t, &ev, view)).await { return; }
+                                    if !send(enc.line(t, &ev.object, Some(&ev.object_json))).await { return; }
                                 }
                             }
                             // Too slow, or the cache was reset: end the stream; the client
@@ -1164,7 +1284,7 @@ async fn serve_watch(
                                 };
                                 last = last.max(ev.revision);
                                 if let Some(t) = watch::event_type(&ev, &filter) {
-                                    if !send(view_line(t, &ev, view)).await { return; }
+                                    if !send(enc.line(t, &ev.object, Some(&ev.object_json))).await { return; }
                                 }
                             }
                             Some(Err(e)) => {
@@ -1186,14 +1306,6 @@ async fn serve_watch(
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
     Ok(resp)
-}
-
-/// One watch event line, through the view when there is one.
-fn view_line(t: &str, ev: &watch::CachedEvent, view: Option<View>) -> Bytes {
-    match view {
-        Some(f) => watch::event_line(t, &serde_json::to_vec(&f(&ev.object)).unwrap_or_default()),
-        None => watch::event_line(t, &ev.object_json),
-    }
 }
 
 /// The error event for a failed storage watch; a compaction is reported with the

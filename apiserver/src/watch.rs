@@ -54,7 +54,11 @@ impl CachedEvent {
 }
 
 struct Inner {
-    ring: VecDeque<Arc<CachedEvent>>,
+    /// Recent events as storage gave them (the stored JSON bytes, shared with storage's
+    /// own buffers): a decoded event costs several times its JSON (a BTreeMap node per
+    /// JSON object), and only a watcher resuming from an older revision needs these, so
+    /// they are decoded again then. Live watchers get decoded events from `tx`.
+    ring: VecDeque<storage::Event>,
     /// The ring holds every event with revision > start_rev.
     start_rev: Revision,
     /// The newest revision the cache has seen (events or its start).
@@ -93,26 +97,34 @@ impl WatchCache {
     }
 
     pub fn subscribe(&self, after: Revision) -> Subscription {
-        let inner = self.lock();
-        if after < inner.start_rev {
-            return Subscription::TooOld;
-        }
-        let backlog = inner.ring.iter().filter(|e| e.revision > after).cloned().collect();
-        Subscription::Cache { backlog, rx: inner.tx.subscribe() }
+        let (raw, rx) = {
+            let inner = self.lock();
+            if after < inner.start_rev {
+                return Subscription::TooOld;
+            }
+            // The ring is in revision order: only its tail is newer than `after`.
+            let newer = inner.ring.iter().rev().take_while(|e| e.revision() > after).count();
+            let raw: Vec<storage::Event> = inner.ring.iter().skip(inner.ring.len() - newer).cloned().collect();
+            (raw, inner.tx.subscribe())
+        };
+        // Decoded outside the lock; these decoded before, when they were pushed.
+        let backlog = raw.iter().filter_map(|e| CachedEvent::from_storage(e).ok()).map(Arc::new).collect();
+        Subscription::Cache { backlog, rx }
     }
 
     pub fn last_revision(&self) -> Revision {
         self.lock().last_rev
     }
 
-    fn push(&self, ev: CachedEvent) {
+    /// Add a storage event (`ev` is its decoded form) and hand it to live watchers.
+    fn push(&self, raw: storage::Event, ev: CachedEvent) {
         let ev = Arc::new(ev);
         let mut inner = self.lock();
         inner.last_rev = inner.last_rev.max(ev.revision);
-        inner.ring.push_back(ev.clone());
+        inner.ring.push_back(raw);
         while inner.ring.len() > self.capacity {
             if let Some(old) = inner.ring.pop_front() {
-                inner.start_rev = old.revision;
+                inner.start_rev = old.revision();
             }
         }
         // No receivers is fine.
@@ -177,7 +189,7 @@ async fn feed(store: Arc<dyn Store>, cache: Arc<WatchCache>, mut from: Revision)
                             backoff = Duration::from_millis(100);
                             from = from.max(ev.revision());
                             match CachedEvent::from_storage(&ev) {
-                                Ok(ce) => cache.push(ce),
+                                Ok(ce) => cache.push(ev, ce),
                                 Err(e) => tracing::error!(key = ev.kv.key, error = %e, "undecodable object in watch"),
                             }
                         }
@@ -317,24 +329,44 @@ mod tests {
         assert_eq!(event_type(&ev(7, web, None, false), &other_ns), None);
     }
 
+    /// A stored create at `rev` and its decoded form.
+    fn stored(rev: Revision) -> (storage::Event, CachedEvent) {
+        let kv = storage::KeyValue {
+            key: "/registry/pods/default/x".into(),
+            value: Bytes::from(format!(r#"{{"metadata":{{"name":"x","uid":"{rev}"}}}}"#)),
+            create_revision: rev,
+            mod_revision: rev,
+        };
+        let raw = storage::Event { kind: EventKind::Put, kv, prev: None };
+        let ce = CachedEvent::from_storage(&raw).unwrap();
+        (raw, ce)
+    }
+
     #[test]
     fn ring_and_subscribe() {
         let c = WatchCache::new("/registry/pods/".into(), 3, 10);
         for r in 11..=15 {
-            c.push(ev(r, json!({}), None, false));
+            let (raw, ce) = stored(r);
+            c.push(raw, ce);
         }
         // Ring holds 13, 14, 15: complete after 12.
         assert!(matches!(c.subscribe(11), Subscription::TooOld));
         match c.subscribe(12) {
             Subscription::Cache { backlog, .. } => {
-                assert_eq!(backlog.iter().map(|e| e.revision).collect::<Vec<_>>(), vec![13, 14, 15])
+                assert_eq!(backlog.iter().map(|e| e.revision).collect::<Vec<_>>(), vec![13, 14, 15]);
+                // Backlog events are decoded again from the stored bytes, same as live ones.
+                let (_, live) = stored(14);
+                assert_eq!(backlog[1].object, live.object);
+                assert_eq!(backlog[1].object_json, live.object_json);
+                assert_eq!(backlog[1].object["metadata"]["resourceVersion"], "14");
             }
             Subscription::TooOld => panic!("12 is servable"),
         }
         match c.subscribe(15) {
             Subscription::Cache { backlog, mut rx } => {
                 assert!(backlog.is_empty());
-                c.push(ev(16, json!({}), None, false));
+                let (raw, ce) = stored(16);
+                c.push(raw, ce);
                 assert_eq!(rx.try_recv().map(|e| e.revision).ok(), Some(16));
             }
             Subscription::TooOld => panic!(),

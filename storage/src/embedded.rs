@@ -124,7 +124,7 @@ impl SqliteStore {
     async fn read<T, F>(&self, large: bool, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         let source = self.source();
         if !large {
@@ -193,6 +193,10 @@ fn open_connection(path: &Path, fsync: bool) -> Result<Connection> {
          PRAGMA cache_size = -32000; PRAGMA temp_store = MEMORY;"
     ))
     .map_err(sql_err)?;
+    // Plans do not depend on bound values (no LIKE/STAT4 tricks here). Without this, the
+    // bundled SQLite (built with STAT4) marks `name = ?1` statements for re-preparation on
+    // every new binding, so a cached statement was compiled again on each use.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(sql_err)?;
     Ok(conn)
 }
 
@@ -206,14 +210,21 @@ fn sql_err(e: rusqlite::Error) -> Error {
     }
 }
 
+fn exec_cached(conn: &Connection, sql: &str) -> Result<()> {
+    conn.prepare_cached(sql).and_then(|mut s| s.execute([])).map(|_| ()).map_err(sql_err)
+}
+
 fn max_revision(conn: &Connection) -> Result<Revision> {
-    let max: Option<i64> = conn.query_row("SELECT MAX(id) FROM kv", [], |r| r.get(0)).map_err(sql_err)?;
+    let max: Option<i64> = conn
+        .prepare_cached("SELECT MAX(id) FROM kv")
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .map_err(sql_err)?;
     Ok(max.unwrap_or(1).max(1))
 }
 
 fn compacted(conn: &Connection) -> Result<Revision> {
-    conn.query_row("SELECT v FROM meta WHERE k = 'compact_rev'", [], |r| r.get(0))
-        .optional()
+    conn.prepare_cached("SELECT v FROM meta WHERE k = 'compact_rev'")
+        .and_then(|mut s| s.query_row([], |r| r.get(0)).optional())
         .map_err(sql_err)
         .map(|v| v.unwrap_or(0))
 }
@@ -303,13 +314,21 @@ impl Writer {
         let mut rev = start;
         let mut events = Vec::new();
         let result = (|| -> Result<Vec<TxnOutcome>> {
-            let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(sql_err)?;
-            let mut outcomes = Vec::with_capacity(txns.len());
-            for (txn, _) in &txns {
-                outcomes.push(apply_txn(&tx, txn, &mut rev, &mut events)?);
+            // BEGIN / COMMIT through cached statements (rusqlite's `transaction()` parses
+            // them anew for every batch).
+            exec_cached(&self.conn, "BEGIN IMMEDIATE")?;
+            let applied = (|| -> Result<Vec<TxnOutcome>> {
+                let mut outcomes = Vec::with_capacity(txns.len());
+                for (txn, _) in &txns {
+                    outcomes.push(apply_txn(&self.conn, txn, &mut rev, &mut events)?);
+                }
+                exec_cached(&self.conn, "COMMIT")?;
+                Ok(outcomes)
+            })();
+            if applied.is_err() && !self.conn.is_autocommit() {
+                let _ = exec_cached(&self.conn, "ROLLBACK");
             }
-            tx.commit().map_err(sql_err)?;
-            Ok(outcomes)
+            applied
         })();
         match result {
             Ok(outcomes) => {
@@ -568,7 +587,7 @@ impl Store for SqliteStore {
     }
 
     async fn compacted_revision(&self) -> Result<Revision> {
-        self.read(false, |tx| compacted(tx)).await
+        self.read(false, compacted).await
     }
 }
 
@@ -581,13 +600,19 @@ struct ReadSource {
 }
 
 impl ReadSource {
-    fn read<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let taken = self.readers.lock().ok().and_then(|mut p| p.pop());
-        let mut conn = match taken {
+        let conn = match taken {
             Some(c) => c,
             None => open_connection(&self.path, self.fsync)?,
         };
-        let result = conn.transaction().map_err(sql_err).and_then(|tx| f(&tx));
+        // BEGIN / ROLLBACK through cached statements: rusqlite's `transaction()` parses
+        // them anew each time, which cost more than a point read itself.
+        let result = exec_cached(&conn, "BEGIN DEFERRED").and_then(|()| {
+            let r = f(&conn);
+            let _ = exec_cached(&conn, "ROLLBACK");
+            r
+        });
         if let Ok(mut pool) = self.readers.lock() {
             if pool.len() < READ_POOL {
                 pool.push(conn);

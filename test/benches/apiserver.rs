@@ -4,6 +4,7 @@
 //!     cargo bench -p e2e --bench apiserver                # embedded and etcd
 //!     cargo bench -p e2e --bench apiserver -- embedded    # one backend
 //!     BENCH_SECONDS=5 BENCH_WATCHERS=1000 BENCH_PODS=10000 cargo bench -p e2e --bench apiserver
+//!     BENCH_APISERVER_BIN=/path/to/older/apiserver cargo bench -p e2e --bench apiserver  # before/after
 //!
 //! Figures: pod creates/s from one keep-alive client (with p50/p99 latency) and from 16,
 //! gets/s, a full list of 10,000 pods, and watch delivery latency (create issued → event
@@ -119,6 +120,12 @@ async fn bench_backend(server: &ApiServer, store: Arc<dyn Store>) -> Figures {
     // The stored size of a pod, for the storage baseline.
     let sample = pods.create(&PostParams::default(), &pod("size-sample", None)).await.expect("create sample");
     let value = Bytes::from(serde_json::to_vec(&sample).expect("encode"));
+    f.row(
+        &format!("(baseline: guarded create of {} B)", value.len()),
+        String::new(),
+        "txn: mod_rev = 0".into(),
+        String::new(),
+    );
 
     for concurrency in [1usize, 16] {
         let p = pods.clone();
@@ -282,17 +289,14 @@ fn main() {
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let wants = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
 
-    // The release apiserver: benchmarks measure what users run.
+    // The release apiserver: benchmarks measure what users run. BENCH_APISERVER_BIN
+    // benchmarks another build instead (e.g. an older one, for before/after figures).
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "-q", "--release", "-p", "apiserver"])
-        .current_dir(&root)
-        .status()
-        .expect("cargo build --release -p apiserver");
-    assert!(status.success(), "building the release apiserver failed");
-    let target =
-        std::env::var("CARGO_TARGET_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| root.join("target"));
-    std::env::set_var("MINIK8S_APISERVER_BIN", target.join("release/apiserver"));
+    if let Ok(bin) = std::env::var("BENCH_APISERVER_BIN") {
+        std::env::set_var("MINIK8S_APISERVER_BIN", bin);
+    } else {
+        build_release_apiserver(&root);
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     println!("apiserver benchmark: {:?} per rate figure", seconds());
@@ -318,4 +322,16 @@ fn main() {
         f.print("etcd");
         println!("  apiserver resident memory now: {:.0} MB", server.pid().map_or(0.0, rss_mb));
     }
+}
+
+fn build_release_apiserver(root: &std::path::Path) {
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "-q", "--release", "-p", "apiserver"])
+        .current_dir(root)
+        .status()
+        .expect("cargo build --release -p apiserver");
+    assert!(status.success(), "building the release apiserver failed");
+    let target =
+        std::env::var("CARGO_TARGET_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| root.join("target"));
+    std::env::set_var("MINIK8S_APISERVER_BIN", target.join("release/apiserver"));
 }

@@ -52,6 +52,22 @@ pub fn apiserver_bin() -> PathBuf {
     .clone()
 }
 
+/// Exclusive use of the host for a test that runs a cluster with `scripts/cluster` (its
+/// kubelets are named `node-N` on the shared Docker engine, its kubeproxy owns the host's
+/// Service rules): waits for any other such test, in any test binary. Hold the returned
+/// file for the test's duration.
+pub fn host_cluster_lock() -> std::fs::File {
+    let path = std::env::temp_dir().join("minik8s-host-cluster.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    file.lock().unwrap_or_else(|e| panic!("cannot lock {}: {e}", path.display()));
+    file
+}
+
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -67,6 +83,8 @@ pub struct ApiServer {
     _tmp: Option<tempfile::TempDir>,
     child: Option<Child>,
     pub extra_args: Vec<String>,
+    /// The apiserver's own etcd under `MINIK8S_E2E_BACKEND=etcd` (stopped after it).
+    _etcd: Option<storage::etcd_test_server::EtcdServer>,
 }
 
 impl ApiServer {
@@ -75,14 +93,26 @@ impl ApiServer {
         Self::start_with(&[])
     }
 
+    /// Start with extra flags. With `MINIK8S_E2E_BACKEND=etcd` (and no `--etcd-servers`
+    /// given), the apiserver gets a fresh etcd of its own instead of the embedded store, so
+    /// the same tests run on both backends (scripts/test runs the apiserver suites so).
     pub fn start_with(args: &[&str]) -> Result<Self> {
         let tmp = tempfile::tempdir()?;
+        let mut extra_args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut etcd = None;
+        if std::env::var("MINIK8S_E2E_BACKEND").as_deref() == Ok("etcd") && !args.contains(&"--etcd-servers") {
+            let server = storage::etcd_test_server::EtcdServer::start()
+                .context("MINIK8S_E2E_BACKEND=etcd: starting etcd (Debian package etcd-server)")?;
+            extra_args.extend(["--etcd-servers".to_string(), server.endpoint()]);
+            etcd = Some(server);
+        }
         let mut s = ApiServer {
             port: free_port(),
             data_dir: tmp.path().to_path_buf(),
             _tmp: Some(tmp),
             child: None,
-            extra_args: args.iter().map(|s| s.to_string()).collect(),
+            extra_args,
+            _etcd: etcd,
         };
         s.spawn()?;
         Ok(s)
@@ -222,6 +252,28 @@ pub fn official_kubectls(versions: &[&str]) -> Vec<(String, PathBuf)> {
         }
     }
     out
+}
+
+/// Debian's kubectl 1.20 (package `kubernetes-client`), unpacked by scripts/test into
+/// `${XDG_CACHE_HOME:-~/.cache}/minik8s/kubectl-1.20` (`MINIK8S_KUBECTL_120` overrides).
+/// `None` when missing; under `CI=true` that is a failure.
+pub fn debian_kubectl() -> Option<PathBuf> {
+    let path = match std::env::var("MINIK8S_KUBECTL_120") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => {
+            let cache = std::env::var("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|_| {
+                PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache")
+            });
+            cache.join("minik8s/kubectl-1.20/usr/bin/kubectl")
+        }
+    };
+    if path.exists() {
+        return Some(path);
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("Debian's kubectl 1.20 ({}) is missing: run scripts/test, which unpacks it", path.display());
+    }
+    None
 }
 
 /// The manifests directory (`../shared/manifests` next to the repository).

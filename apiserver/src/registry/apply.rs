@@ -114,7 +114,7 @@ impl Registry {
                 .await;
             match result {
                 Err(e) if e.code == 404 => continue,
-                r => return r.map(|o| (Outcome { object: o.object, warnings: warnings.clone() }, false)),
+                r => return r.map(|o| (Outcome { object: o.object, warnings: warnings.clone(), json: None }, false)),
             }
         }
         Err(ApiError::new(409, "Conflict", "too many concurrent changes; try again"))

@@ -86,12 +86,53 @@ pub struct ScaleInfo {
 // ----------------------------------------------------------------- small JSON helpers
 
 pub fn str_at<'a>(obj: &'a Value, pointer: &str) -> Option<&'a str> {
-    obj.pointer(pointer).and_then(Value::as_str)
+    at(obj, pointer).and_then(Value::as_str)
+}
+
+/// `Value::pointer` without its two allocations per token (it unescapes every token with
+/// `str::replace`); tokens are unescaped only when they contain `~`. Same semantics.
+pub fn at<'a>(obj: &'a Value, pointer: &str) -> Option<&'a Value> {
+    if pointer.is_empty() {
+        return Some(obj);
+    }
+    let mut cur = obj;
+    for token in pointer.strip_prefix('/')?.split('/') {
+        cur = match cur {
+            Value::Object(m) => m.get(unescape_token(token).as_ref())?,
+            Value::Array(a) => a.get(array_index(token)?)?,
+            _ => return None,
+        };
+    }
+    Some(cur)
+}
+
+/// The mutable form of [`at`] (`Value::pointer_mut`).
+pub fn at_mut<'a>(obj: &'a mut Value, pointer: &str) -> Option<&'a mut Value> {
+    if pointer.is_empty() {
+        return Some(obj);
+    }
+    let mut cur = obj;
+    for token in pointer.strip_prefix('/')?.split('/') {
+        cur = match cur {
+            Value::Object(m) => m.get_mut(unescape_token(token).as_ref())?,
+            Value::Array(a) => a.get_mut(array_index(token)?)?,
+            _ => return None,
+        };
+    }
+    Some(cur)
+}
+
+/// An array index token as `Value::pointer` reads it (no sign, no leading zeros).
+fn array_index(token: &str) -> Option<usize> {
+    if token.starts_with('+') || (token.starts_with('0') && token.len() != 1) {
+        return None;
+    }
+    token.parse().ok()
 }
 
 /// Set `pointer` to `value` if absent or null, creating intermediate objects.
 pub fn default_at(obj: &mut Value, pointer: &str, value: Value) {
-    if obj.pointer(pointer).is_some_and(|v| !v.is_null()) {
+    if at(obj, pointer).is_some_and(|v| !v.is_null()) {
         return;
     }
     set_at(obj, pointer, value);
@@ -100,10 +141,10 @@ pub fn default_at(obj: &mut Value, pointer: &str, value: Value) {
 /// Set `pointer` to `value`, creating intermediate objects (replacing scalars). Numeric
 /// tokens index into existing arrays.
 pub fn set_at(obj: &mut Value, pointer: &str, value: Value) {
-    let parts: Vec<&str> = pointer.trim_start_matches('/').split('/').collect();
+    let mut parts = pointer.trim_start_matches('/').split('/').peekable();
     let mut cur = obj;
-    for (i, p) in parts.iter().enumerate() {
-        let last = i == parts.len() - 1;
+    while let Some(p) = parts.next() {
+        let last = parts.peek().is_none();
         if let Value::Array(arr) = cur {
             let Some(slot) = p.parse::<usize>().ok().and_then(|idx| arr.get_mut(idx)) else { return };
             if last {
@@ -119,22 +160,30 @@ pub fn set_at(obj: &mut Value, pointer: &str, value: Value) {
         let Some(map) = cur.as_object_mut() else { return };
         let p = unescape_token(p);
         if last {
-            map.insert(p, value);
+            map.insert(p.into_owned(), value);
             return;
         }
-        cur = map.entry(p).or_insert_with(|| Value::Object(Map::new()));
+        if !map.contains_key(p.as_ref()) {
+            map.insert(p.to_string(), Value::Object(Map::new()));
+        }
+        let Some(next) = map.get_mut(p.as_ref()) else { return };
+        cur = next;
     }
 }
 
 pub fn remove_at(obj: &mut Value, pointer: &str) -> Option<Value> {
     let (parent, last) = pointer.rsplit_once('/')?;
-    let parent = if parent.is_empty() { Some(obj) } else { obj.pointer_mut(parent) };
-    parent.and_then(Value::as_object_mut).and_then(|m| m.remove(&unescape_token(last)))
+    let parent = if parent.is_empty() { Some(obj) } else { at_mut(obj, parent) };
+    parent.and_then(Value::as_object_mut).and_then(|m| m.remove(unescape_token(last).as_ref()))
 }
 
-/// JSON-pointer token unescaping (`~1` is `/`, `~0` is `~`).
-fn unescape_token(t: &str) -> String {
-    t.replace("~1", "/").replace("~0", "~")
+/// JSON-pointer token unescaping (`~1` is `/`, `~0` is `~`); borrows when there is none.
+fn unescape_token(t: &str) -> std::borrow::Cow<'_, str> {
+    if t.contains('~') {
+        std::borrow::Cow::Owned(t.replace("~1", "/").replace("~0", "~"))
+    } else {
+        std::borrow::Cow::Borrowed(t)
+    }
 }
 
 /// JSON-pointer token escaping.
@@ -182,6 +231,25 @@ mod tests {
         assert_eq!(p, json!({"spec": {"ports": [{"port": 80, "nodePort": 30001}]}}));
         set_at(&mut p, "/metadata/labels/a~1b", json!("x"));
         assert_eq!(p["metadata"]["labels"]["a/b"], "x");
+        // `at` reads as `Value::pointer` does.
+        let doc = json!({"a/b": {"c~d": [1, {"e": 2}]}, "": 3});
+        for ptr in [
+            "",
+            "/",
+            "/a~1b",
+            "/a~1b/c~0d",
+            "/a~1b/c~0d/1/e",
+            "/a~1b/c~0d/01",
+            "/a~1b/c~0d/+1",
+            "/x",
+            "x",
+            "/a~1b/c~0d/9",
+        ] {
+            assert_eq!(at(&doc, ptr), doc.pointer(ptr), "{ptr}");
+        }
+        let mut m = doc.clone();
+        *at_mut(&mut m, "/a~1b/c~0d/0").unwrap() = json!(5);
+        assert_eq!(m["a/b"]["c~d"][0], 5);
         assert_eq!(
             spec_part(&json!({"kind": "X", "metadata": {}, "spec": {"a": 1}, "status": {}})),
             json!({"spec": {"a": 1}})

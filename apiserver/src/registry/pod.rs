@@ -58,7 +58,7 @@ fn default_container(c: &mut Value) {
         }
     }
     // Requests default to limits when only limits are given.
-    if let Some(limits) = c.pointer("/resources/limits").cloned().and_then(|l| l.as_object().cloned()) {
+    if let Some(limits) = super::at(c, "/resources/limits").cloned().and_then(|l| l.as_object().cloned()) {
         for (k, v) in limits {
             // Resource names like `nvidia.com/gpu` contain '/': escape it for the pointer.
             let key = k.replace('~', "~0").replace('/', "~1");

@@ -1,0 +1,325 @@
+//! Static token authentication: `--token-auth-file`, Kubernetes' token file format.
+//!
+//! The file is CSV, one user a line: `token,user,uid[,"group1,group2"]` (at least three
+//! columns; an empty token is skipped; a repeated token keeps its last line), exactly as
+//! kube-apiserver's `tokenfile` authenticator reads it. With a file, every request needs
+//! `Authorization: Bearer <token>` of a listed user; otherwise it is answered with
+//! Kubernetes' 401 `Status` (reason `Unauthorized`, message `Unauthorized`). The health and
+//! version endpoints stay open to requests without credentials, as Kubernetes allows them
+//! for `system:unauthenticated`; a request that presents a wrong token is refused
+//! everywhere, as Kubernetes does (a failed authenticator is not anonymous).
+//!
+//! Tokens are compared as SHA-256 digests in constant time against every entry, so neither
+//! the position of a match nor a shared prefix shows in the timing.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::HeaderValue;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::error::ApiError;
+
+/// Who a token belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserInfo {
+    pub name: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+}
+
+/// The users of a token file, by the digest of their token.
+#[derive(Debug, Default)]
+pub struct TokenAuthenticator {
+    entries: Vec<([u8; 32], UserInfo)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenFileError {
+    #[error("cannot read token file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("token file {path}: {source}")]
+    Csv { path: String, source: csv::Error },
+    #[error("token file '{path}' must have at least 3 columns (token, user name, user uid), found {found}")]
+    TooFewColumns { path: String, found: usize },
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+impl TokenAuthenticator {
+    /// Read a token file.
+    pub fn load(path: &Path) -> Result<Self, TokenFileError> {
+        let text =
+            std::fs::read(path).map_err(|source| TokenFileError::Read { path: path.display().to_string(), source })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parse a token file's contents (`path` only names it in errors).
+    pub fn parse(text: &[u8], path: &str) -> Result<Self, TokenFileError> {
+        let mut reader =
+            csv::ReaderBuilder::new().has_headers(false).flexible(true).trim(csv::Trim::None).from_reader(text);
+        let mut auth = TokenAuthenticator::default();
+        for record in reader.records() {
+            let record = record.map_err(|source| TokenFileError::Csv { path: path.to_string(), source })?;
+            // Go's encoding/csv with TrimLeadingSpace: leading blanks of a field are dropped.
+            let field = |i: usize| record.get(i).map(|f| f.trim_start_matches([' ', '\t']).to_string());
+            if record.len() < 3 {
+                return Err(TokenFileError::TooFewColumns { path: path.to_string(), found: record.len() });
+            }
+            let token = field(0).unwrap_or_default();
+            if token.is_empty() {
+                tracing::warn!(path, "empty token in token file; line skipped");
+                continue;
+            }
+            let user = UserInfo {
+                name: field(1).unwrap_or_default(),
+                uid: field(2).unwrap_or_default(),
+                groups: field(3).map(|g| g.split(',').map(str::to_string).collect()).unwrap_or_default(),
+            };
+            let key = digest(token.as_bytes());
+            match auth.entries.iter_mut().find(|(k, _)| *k == key) {
+                Some(entry) => {
+                    tracing::warn!(path, user = user.name, "duplicate token in token file; the last line wins");
+                    entry.1 = user;
+                }
+                None => auth.entries.push((key, user)),
+            }
+        }
+        Ok(auth)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The user a token belongs to. Every entry is compared, in constant time.
+    pub fn lookup(&self, token: &str) -> Option<&UserInfo> {
+        let key = digest(token.as_bytes());
+        let mut found = None;
+        for (k, user) in &self.entries {
+            if bool::from(k.ct_eq(&key)) {
+                found = Some(user);
+            }
+        }
+        found
+    }
+}
+
+/// The token of an `Authorization` header, as kube-apiserver's bearer-token reader takes
+/// it: `None` when the header is not a bearer credential at all, `Some("")` for an empty one.
+pub fn bearer_token(header: &str) -> Option<&str> {
+    let mut parts = header.trim().splitn(3, ' ');
+    let scheme = parts.next()?;
+    let token = parts.next()?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
+}
+
+/// Paths anyone may read without credentials (`system:public-info-viewer`).
+pub fn is_public_path(path: &str) -> bool {
+    ["/healthz", "/livez", "/readyz", "/version"]
+        .iter()
+        .any(|p| path == *p || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/')))
+}
+
+/// What to do with a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision<'a> {
+    /// A listed user's token.
+    User(&'a UserInfo),
+    /// No credentials, on a public path.
+    Anonymous,
+    /// 401.
+    Unauthorized,
+}
+
+/// The authentication decision for a request (pure).
+pub fn decide<'a>(auth: &'a TokenAuthenticator, path: &str, authorization: Option<&HeaderValue>) -> Decision<'a> {
+    let token = match authorization {
+        None => None,
+        // A header that is not text cannot hold a valid token.
+        Some(v) => match v.to_str() {
+            Ok(s) => bearer_token(s),
+            Err(_) => return Decision::Unauthorized,
+        },
+    };
+    match token {
+        Some(t) => match (!t.is_empty()).then(|| auth.lookup(t)).flatten() {
+            Some(user) => Decision::User(user),
+            None => Decision::Unauthorized,
+        },
+        None if is_public_path(path) => Decision::Anonymous,
+        None => Decision::Unauthorized,
+    }
+}
+
+/// Kubernetes' answer to a request it cannot authenticate.
+pub fn unauthorized() -> Response {
+    ApiError::new(401, "Unauthorized", "Unauthorized").into_response()
+}
+
+async fn authenticate(State(auth): State<Arc<TokenAuthenticator>>, mut req: Request, next: Next) -> Response {
+    let user = match decide(&auth, req.uri().path(), req.headers().get(axum::http::header::AUTHORIZATION)) {
+        Decision::User(user) => Some(user.clone()),
+        Decision::Anonymous => None,
+        Decision::Unauthorized => {
+            tracing::debug!(path = req.uri().path(), "unauthorized request");
+            return unauthorized();
+        }
+    };
+    if let Some(user) = user {
+        req.extensions_mut().insert(user);
+    }
+    next.run(req).await
+}
+
+/// Put token authentication in front of every route of `router` (fallback included).
+pub fn layer(router: Router, auth: Arc<TokenAuthenticator>) -> Router {
+    router.layer(middleware::from_fn_with_state(auth, authenticate))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "s3cr3t,admin,uid-1,\"system:masters,devs\"\n\
+                        \n\
+                        node-token, kubelet ,uid-2\n\
+                        ,nobody,uid-3\n";
+
+    fn auth() -> TokenAuthenticator {
+        TokenAuthenticator::parse(FILE.as_bytes(), "tokens.csv").unwrap()
+    }
+
+    #[test]
+    fn parses_kubernetes_token_files() {
+        let a = auth();
+        assert_eq!(a.len(), 2, "the empty token's line is skipped, the blank line ignored");
+        assert_eq!(
+            a.lookup("s3cr3t"),
+            Some(&UserInfo {
+                name: "admin".into(),
+                uid: "uid-1".into(),
+                groups: vec!["system:masters".into(), "devs".into()]
+            })
+        );
+        let kubelet = a.lookup("node-token").unwrap();
+        assert_eq!(kubelet.name, "kubelet ", "leading blanks trimmed, trailing kept (Go's csv)");
+        assert!(kubelet.groups.is_empty());
+    }
+
+    #[test]
+    fn unknown_and_near_tokens_are_not_found() {
+        let a = auth();
+        for t in ["", "s3cr3", "s3cr3t ", "S3CR3T", "s3cr3tx", "admin", "uid-1"] {
+            assert_eq!(a.lookup(t), None, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn duplicate_tokens_keep_the_last_line() {
+        let a = TokenAuthenticator::parse(b"t,first,1\nt,second,2\n", "f").unwrap();
+        assert_eq!(a.len(), 1);
+        assert_eq!(a.lookup("t").unwrap().name, "second");
+    }
+
+    #[test]
+    fn short_lines_and_bad_text_are_errors() {
+        let e = TokenAuthenticator::parse(b"tok,user\n", "tokens.csv").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "token file 'tokens.csv' must have at least 3 columns (token, user name, user uid), found 2"
+        );
+        assert!(TokenAuthenticator::parse(b"tok,user,uid\n\xff,user,uid\n", "f").is_err(), "not UTF-8");
+    }
+
+    #[test]
+    fn bearer_header_parsing() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("  bearer abc  "), Some("abc"));
+        assert_eq!(bearer_token("Bearer abc extra"), Some("abc"));
+        assert_eq!(bearer_token("Bearer  "), None, "trimmed first, as Go does");
+        assert_eq!(bearer_token("Bearer  abc"), Some(""));
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Basic YWRtaW4="), None);
+    }
+
+    #[test]
+    fn public_paths() {
+        for p in ["/healthz", "/livez", "/readyz", "/version", "/healthz/ping", "/readyz/etcd"] {
+            assert!(is_public_path(p), "{p}");
+        }
+        for p in ["/", "/api", "/api/v1/pods", "/healthzx", "/versions", "/metrics", "/openapi/v2"] {
+            assert!(!is_public_path(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        let a = auth();
+        let h = |s: &str| HeaderValue::from_str(s).unwrap();
+        assert!(
+            matches!(decide(&a, "/api/v1/pods", Some(&h("Bearer s3cr3t"))), Decision::User(u) if u.name == "admin")
+        );
+        assert_eq!(decide(&a, "/api/v1/pods", None), Decision::Unauthorized);
+        assert_eq!(decide(&a, "/api/v1/pods", Some(&h("Bearer wrong"))), Decision::Unauthorized);
+        assert_eq!(decide(&a, "/api/v1/pods", Some(&h("Bearer "))), Decision::Unauthorized);
+        assert_eq!(decide(&a, "/api/v1/pods", Some(&h("Basic YWRtaW46cHc="))), Decision::Unauthorized);
+        assert_eq!(decide(&a, "/readyz", None), Decision::Anonymous);
+        assert_eq!(decide(&a, "/version", Some(&h("Basic YWRtaW46cHc="))), Decision::Anonymous);
+        assert_eq!(decide(&a, "/healthz", Some(&h("Bearer wrong"))), Decision::Unauthorized);
+        assert!(matches!(decide(&a, "/livez", Some(&h("Bearer node-token"))), Decision::User(_)));
+        let binary = HeaderValue::from_bytes(b"Bearer \xff").unwrap();
+        assert_eq!(decide(&a, "/api", Some(&binary)), Decision::Unauthorized);
+    }
+
+    #[test]
+    fn an_empty_file_lets_nobody_in() {
+        let a = TokenAuthenticator::parse(b"", "f").unwrap();
+        assert!(a.is_empty());
+        assert_eq!(decide(&a, "/api", Some(&HeaderValue::from_static("Bearer x"))), Decision::Unauthorized);
+    }
+
+    #[tokio::test]
+    async fn the_layer_answers_401_status_and_passes_users() {
+        use axum::body::Body;
+        use axum::routing::get;
+        use tower::ServiceExt;
+
+        let router = layer(
+            Router::new().route("/api", get(|| async { "api" })).route("/healthz", get(|| async { "ok" })),
+            Arc::new(auth()),
+        );
+        let call = |path: &str, token: Option<&str>| {
+            let mut req = Request::builder().uri(path);
+            if let Some(t) = token {
+                req = req.header("Authorization", format!("Bearer {t}"));
+            }
+            router.clone().oneshot(req.body(Body::empty()).unwrap())
+        };
+        let resp = call("/api", None).await.unwrap();
+        assert_eq!(resp.status(), 401);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
+        let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            status,
+            serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                               "message": "Unauthorized", "reason": "Unauthorized", "code": 401})
+        );
+        assert_eq!(call("/api", Some("wrong")).await.unwrap().status(), 401);
+        assert_eq!(call("/nowhere", None).await.unwrap().status(), 401, "the fallback is guarded too");
+        assert_eq!(call("/api", Some("s3cr3t")).await.unwrap().status(), 200);
+        assert_eq!(call("/healthz", None).await.unwrap().status(), 200);
+    }
+}

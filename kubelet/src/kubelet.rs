@@ -41,6 +41,8 @@ pub struct Kubelet {
     pub ips: tokio::sync::Mutex<Option<HashSet<Ipv4Addr>>>,
     pub metrics: Metrics,
     pub events: crate::events::Events,
+    /// `--cluster-dns`, `--cluster-domain`, the host's resolver files: the pods' resolv.conf and hosts.
+    pub dns: crate::dns::Settings,
 }
 
 impl Kubelet {
@@ -54,6 +56,7 @@ impl Kubelet {
         pause_image: String,
         pod_cidr: Option<Cidr>,
         metrics: Metrics,
+        dns: crate::dns::Settings,
     ) -> Arc<Kubelet> {
         let events = crate::events::Events::new(client.clone(), &node);
         Arc::new(Kubelet {
@@ -72,6 +75,7 @@ impl Kubelet {
             probe_results: Default::default(),
             ips: tokio::sync::Mutex::new(None),
             metrics,
+            dns,
         })
     }
 

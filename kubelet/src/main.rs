@@ -3,6 +3,7 @@
 //! and serves logs, health and metrics on `--port`.
 
 mod backoff;
+mod dns;
 mod events;
 mod kubelet;
 mod labels;
@@ -17,6 +18,7 @@ mod runtime;
 mod server;
 mod stats;
 mod status;
+mod streaming;
 mod volumes;
 mod worker;
 
@@ -64,6 +66,15 @@ struct Flags {
     /// The pause image of pod sandboxes.
     #[arg(long = "pod-infra-container-image", default_value = "minik8s/pause:latest")]
     pod_infra_container_image: String,
+    /// Comma-separated IPs of the cluster DNS servers: the nameservers of `ClusterFirst` pods.
+    #[arg(long = "cluster-dns", value_delimiter = ',')]
+    cluster_dns: Vec<std::net::IpAddr>,
+    /// The cluster's DNS domain: pods search `<ns>.svc.<domain> svc.<domain> <domain>`.
+    #[arg(long = "cluster-domain", default_value = "cluster.local")]
+    cluster_domain: String,
+    /// The resolver configuration of `Default` pods (and the search domains pods inherit).
+    #[arg(long = "resolv-conf", default_value = "/etc/resolv.conf")]
+    resolv_conf: PathBuf,
     /// Log level (`info`, `debug`, or a tracing filter); RUST_LOG overrides it.
     #[arg(long = "log-level", default_value = "info")]
     log_level: String,
@@ -103,6 +114,13 @@ async fn main() -> Result<()> {
     let rt = Arc::new(runtime::Runtime::connect(&node_name).await?);
     let docker_version = rt.version().await?;
     let metrics = metrics::Metrics::new()?;
+    let dns = dns::Settings {
+        cluster_dns: flags.cluster_dns.clone(),
+        cluster_domain: flags.cluster_domain.clone(),
+        // An empty --resolv-conf (or a missing file) means no host resolver settings.
+        host_resolv_conf: std::fs::read_to_string(&flags.resolv_conf).unwrap_or_default(),
+        host_hosts: std::fs::read_to_string("/etc/hosts").unwrap_or_default(),
+    };
     let k = kubelet::Kubelet::new(
         client,
         rt.clone(),
@@ -112,8 +130,10 @@ async fn main() -> Result<()> {
         flags.pod_infra_container_image.clone(),
         pod_cidr,
         metrics,
+        dns,
     );
-    tracing::info!(node = %node_name, node_ip, docker = %docker_version, pod_cidr = ?pod_cidr, "kubelet starting");
+    tracing::info!(node = %node_name, node_ip, docker = %docker_version, pod_cidr = ?pod_cidr,
+        cluster_dns = ?flags.cluster_dns, cluster_domain = %flags.cluster_domain, "kubelet starting");
 
     let addr: SocketAddr = format!("{}:{}", flags.address, flags.port).parse().context("--address/--port")?;
     let bound = server::serve(addr, k.clone()).await?;
@@ -141,6 +161,7 @@ async fn main() -> Result<()> {
         tokio::spawn(pleg::run(rt, move |ev| k1.notify(&ev.pod_uid), move |records| k2.relisted(records)));
     }
     tokio::spawn(k.clone().watch_pods());
+    tokio::spawn(network::run_node_network(k.clone()));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

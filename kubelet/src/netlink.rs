@@ -1,13 +1,17 @@
 //! The pod network's link operations over rtnetlink (crate `rtnetlink`): the node bridge,
 //! a veth pair per pod, the move of its inner end into the pause container's network
 //! namespace (by PID), and the configuration inside that namespace (done on a dedicated
-//! thread that has joined the namespace with `setns(2)`).
+//! thread that has joined the namespace with `setns(2)`); the host-gw routes to other
+//! nodes' pod networks (marked with [`ROUTE_PROTOCOL`]) and the host's own addresses.
 
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
 
 use anyhow::{anyhow, Context, Result};
 use futures::TryStreamExt;
+use rtnetlink::packet_route::address::AddressAttribute;
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteProtocol};
 use rtnetlink::{new_connection, Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::network::Cidr;
@@ -129,4 +133,76 @@ async fn configure_inside(peer: String, ip: Ipv4Addr, cidr: Cidr) -> Result<()> 
     let route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(cidr.gateway()).build();
     h.route().add(route).execute().await.context("adding the default route")?;
     Ok(())
+}
+
+/// The route protocol marking MiniK8s' routes to other nodes' pod networks (`ip route`
+/// shows it as `proto 107`), so the kubelet finds and replaces only its own.
+pub const ROUTE_PROTOCOL: u8 = 107;
+
+fn node_route(cidr: &Cidr, gw: Ipv4Addr) -> rtnetlink::packet_route::route::RouteMessage {
+    RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(cidr.network, cidr.prefix)
+        .gateway(gw)
+        .protocol(RouteProtocol::Other(ROUTE_PROTOCOL))
+        .build()
+}
+
+/// Every IPv4 address of this host's interfaces.
+pub async fn local_ipv4_addrs() -> Result<HashSet<Ipv4Addr>> {
+    let h = connect()?;
+    let mut out = HashSet::new();
+    let mut s = h.address().get().execute();
+    while let Some(m) = s.try_next().await.context("listing addresses")? {
+        for a in m.attributes {
+            if let AddressAttribute::Address(IpAddr::V4(ip)) | AddressAttribute::Local(IpAddr::V4(ip)) = a {
+                out.insert(ip);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The main table's routes carrying [`ROUTE_PROTOCOL`]: destination → gateway.
+pub async fn our_routes() -> Result<BTreeMap<Cidr, Ipv4Addr>> {
+    let h = connect()?;
+    let mut out = BTreeMap::new();
+    let mut s = h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
+    while let Some(m) = s.try_next().await.context("listing routes")? {
+        if m.header.protocol != RouteProtocol::Other(ROUTE_PROTOCOL) {
+            continue;
+        }
+        let (mut dst, mut gw) = (None, None);
+        for a in &m.attributes {
+            match a {
+                RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = Some(*ip),
+                RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some(*ip),
+                _ => {}
+            }
+        }
+        if let (Some(dst), Some(gw)) = (dst, gw) {
+            out.insert(Cidr { network: dst, prefix: m.header.destination_prefix_length }, gw);
+        }
+    }
+    Ok(out)
+}
+
+/// Add or replace the route `cidr via gw`.
+pub async fn replace_route(cidr: &Cidr, gw: Ipv4Addr) -> Result<()> {
+    let h = connect()?;
+    h.route()
+        .add(node_route(cidr, gw))
+        .replace()
+        .execute()
+        .await
+        .with_context(|| format!("ip route replace {cidr} via {gw}"))
+}
+
+/// Remove the route `cidr via gw` (gone already is fine).
+pub async fn delete_route(cidr: &Cidr, gw: Ipv4Addr) -> Result<()> {
+    let h = connect()?;
+    match h.route().del(node_route(cidr, gw)).execute().await {
+        Ok(()) => Ok(()),
+        Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -libc::ESRCH => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("ip route del {cidr} via {gw}")),
+    }
 }

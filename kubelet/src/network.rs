@@ -9,16 +9,35 @@
 //! addresses the running pause containers carry in their labels, so it survives restarts.
 //!
 //! Links are configured over rtnetlink (see `netlink.rs`); the FORWARD rules with iptables.
+//!
+//! Beyond the node, two things the CNI bridge plugin and flannel's host-gw backend do:
+//! - **egress masquerade** (the bridge plugin's `ipMasq`): pod traffic leaving the cluster's
+//!   pod networks is SNATed to the node's address by a per-node nat chain
+//!   `MK8S-MASQ-<hash>` jumped to from POSTROUTING for `-s <podCIDR>`; traffic to any
+//!   node's podCIDR or out of a MiniK8s bridge keeps the pod's address. Written with
+//!   `iptables-restore --noflush` (idempotent); the kube-proxy's chains are `KUBE-*`, so
+//!   the names never collide. [`masq_restore`] and [`stale_jumps`] are the pure parts.
+//! - **cross-host routes** (host-gw): a watch of Nodes; for every other node whose
+//!   InternalIP is not an address of this host, a route `podCIDR via InternalIP`
+//!   (protocol [`crate::netlink::ROUTE_PROTOCOL`], so stale ones are found and removed —
+//!   only those to a podCIDR of this cluster). [`desired_routes`] and [`route_changes`] are
+//!   the decision; nodes on this host need no route (their bridges are local).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::runtime::{watcher, WatchStreamExt};
 
 /// An IPv4 CIDR block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Cidr {
     pub network: Ipv4Addr,
     pub prefix: u8,
@@ -57,9 +76,12 @@ impl Cidr {
     pub fn gateway(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.network) + 1)
     }
-    #[allow(dead_code)]
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         u32::from(ip) & mask(self.prefix) == u32::from(self.network)
+    }
+    /// Whether the two blocks share an address.
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        self.contains(other.network) || other.contains(self.network)
     }
     fn broadcast(&self) -> u32 {
         u32::from(self.network) | !mask(self.prefix)
@@ -150,6 +172,248 @@ pub async fn teardown_pod(pod_uid: &str) {
     let _ = crate::netlink::delete(&host).await;
 }
 
+/// The per-node nat chain for egress masquerade (`MK8S-MASQ-` + the bridge's hash).
+pub fn masq_chain(node: &str) -> String {
+    format!("MK8S-MASQ-{:08X}", fnv32(node))
+}
+
+/// The comment on the POSTROUTING jump (no spaces, so `iptables -S` output splits cleanly).
+const MASQ_COMMENT: &str = "minik8s-pod-egress";
+
+/// The POSTROUTING rule (after `-A POSTROUTING`) that sends this node's pod traffic to its chain.
+pub fn masq_jump(chain: &str, pod_cidr: &Cidr) -> Vec<String> {
+    ["-s", &pod_cidr.to_string(), "-m", "comment", "--comment", MASQ_COMMENT, "-j", chain]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// `iptables-restore --noflush` input that (re)writes the chain: traffic to a pod network of
+/// the cluster (any node's podCIDR, or out of a MiniK8s bridge on this host) and to
+/// multicast returns untouched; everything else is masqueraded.
+pub fn masq_restore(chain: &str, pod_cidr: &Cidr, cluster_cidrs: &BTreeSet<Cidr>) -> String {
+    let mut out = format!("*nat\n:{chain} - [0:0]\n");
+    out.push_str(&format!("-A {chain} -o mk8s+ -j RETURN\n"));
+    let mut dests: BTreeSet<Cidr> = cluster_cidrs.clone();
+    dests.insert(*pod_cidr);
+    for d in dests {
+        out.push_str(&format!("-A {chain} -d {d} -j RETURN\n"));
+    }
+    out.push_str(&format!("-A {chain} -d 224.0.0.0/4 -j RETURN\n"));
+    out.push_str(&format!("-A {chain} -j MASQUERADE\n"));
+    out.push_str("COMMIT\n");
+    out
+}
+
+/// The POSTROUTING rules of `iptables -t nat -S POSTROUTING` output that jump to `chain`
+/// but are not `keep` (e.g. left from an earlier podCIDR): the arguments to `-D POSTROUTING`.
+pub fn stale_jumps(listing: &str, chain: &str, keep: Option<&[String]>) -> Vec<Vec<String>> {
+    listing
+        .lines()
+        .filter_map(|l| l.strip_prefix("-A POSTROUTING "))
+        .map(|rest| rest.split_whitespace().map(|s| s.trim_matches('"').to_string()).collect::<Vec<_>>())
+        .filter(|args| args.windows(2).any(|w| w[0] == "-j" && w[1] == chain))
+        .filter(|args| keep != Some(&args[..]))
+        .collect()
+}
+
+/// What the route decision needs to know of a Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeNet {
+    pub name: String,
+    pub pod_cidr: Option<Cidr>,
+    pub internal_ip: Option<Ipv4Addr>,
+}
+
+impl NodeNet {
+    pub fn from_node(n: &Node) -> NodeNet {
+        let spec = n.spec.clone().unwrap_or_default();
+        let pod_cidr = spec
+            .pod_cidr
+            .or_else(|| spec.pod_cidrs.and_then(|v| v.into_iter().next()))
+            .and_then(|c| c.parse::<Cidr>().ok());
+        let internal_ip = n
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP").and_then(|a| a.address.parse().ok()));
+        NodeNet { name: n.metadata.name.clone().unwrap_or_default(), pod_cidr, internal_ip }
+    }
+}
+
+/// host-gw: the routes `podCIDR via InternalIP` this host needs — one per other node whose
+/// InternalIP is not an address of this host (such nodes' bridges are local) nor loopback,
+/// and whose podCIDR overlaps neither this node's nor an earlier-chosen one (first by name
+/// wins, so every host decides alike).
+pub fn desired_routes(
+    self_node: &str,
+    own_cidr: Option<&Cidr>,
+    nodes: &[NodeNet],
+    local_addrs: &HashSet<Ipv4Addr>,
+) -> BTreeMap<Cidr, Ipv4Addr> {
+    let mut sorted: Vec<&NodeNet> = nodes.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut out: BTreeMap<Cidr, Ipv4Addr> = BTreeMap::new();
+    for n in sorted {
+        if n.name == self_node {
+            continue;
+        }
+        let (Some(cidr), Some(ip)) = (n.pod_cidr, n.internal_ip) else { continue };
+        if ip.is_loopback() || ip.is_unspecified() || local_addrs.contains(&ip) {
+            continue;
+        }
+        if own_cidr.is_some_and(|o| o.overlaps(&cidr)) || out.keys().any(|c| c.overlaps(&cidr)) {
+            tracing::warn!(node = %n.name, %cidr, "podCIDR overlaps another node's; no route");
+            continue;
+        }
+        out.insert(cidr, ip);
+    }
+    out
+}
+
+/// Write the node's egress masquerade chain and its POSTROUTING jump (idempotent), and drop
+/// jumps left from another podCIDR.
+pub async fn apply_masquerade(node: &str, pod_cidr: &Cidr, cluster_cidrs: &BTreeSet<Cidr>) -> Result<()> {
+    let chain = masq_chain(node);
+    run_with_input("iptables-restore", &["-w", "--noflush"], &masq_restore(&chain, pod_cidr, cluster_cidrs)).await?;
+    let jump = masq_jump(&chain, pod_cidr);
+    let listing = output("iptables", &["-w", "-t", "nat", "-S", "POSTROUTING"]).await?;
+    for stale in stale_jumps(&listing, &chain, Some(&jump)) {
+        let mut args = vec!["-w", "-t", "nat", "-D", "POSTROUTING"];
+        args.extend(stale.iter().map(String::as_str));
+        run("iptables", &args).await?;
+    }
+    let mut check = vec!["-w", "-t", "nat", "-C", "POSTROUTING"];
+    check.extend(jump.iter().map(String::as_str));
+    if !succeeds("iptables", &check).await {
+        let mut add = vec!["-w", "-t", "nat", "-A", "POSTROUTING"];
+        add.extend(jump.iter().map(String::as_str));
+        run("iptables", &add).await?;
+    }
+    Ok(())
+}
+
+async fn output(cmd: &str, args: &[&str]) -> Result<String> {
+    let out = tokio::process::Command::new(cmd).args(args).output().await.with_context(|| format!("running {cmd}"))?;
+    if !out.status.success() {
+        bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+async fn run_with_input(cmd: &str, args: &[&str], input: &str) -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(cmd)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {cmd}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).await?;
+    }
+    let out = child.wait_with_output().await?;
+    if !out.status.success() {
+        bail!("{cmd}: {}\ninput:\n{input}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// The route changes that make this host's `proto 107` routes match `desired`: routes to add
+/// or replace, and routes to delete. Only routes to a podCIDR of this cluster (`known`: every
+/// podCIDR its Nodes have had) are deleted, so a kubelet of another cluster sharing the host
+/// keeps its routes.
+pub fn route_changes(
+    current: &BTreeMap<Cidr, Ipv4Addr>,
+    desired: &BTreeMap<Cidr, Ipv4Addr>,
+    known: &BTreeSet<Cidr>,
+) -> (Vec<(Cidr, Ipv4Addr)>, Vec<(Cidr, Ipv4Addr)>) {
+    let add = desired.iter().filter(|(c, g)| current.get(c) != Some(g)).map(|(c, g)| (*c, *g)).collect();
+    let del =
+        current.iter().filter(|(c, _)| known.contains(c) && !desired.contains_key(c)).map(|(c, g)| (*c, *g)).collect();
+    (add, del)
+}
+
+/// Apply [`route_changes`] to the host's routing table.
+async fn apply_routes(desired: &BTreeMap<Cidr, Ipv4Addr>, known: &BTreeSet<Cidr>) -> Result<()> {
+    let current = crate::netlink::our_routes().await?;
+    let (add, del) = route_changes(&current, desired, known);
+    for (cidr, gw) in del {
+        tracing::info!(%cidr, %gw, "removing route to another node's pods");
+        crate::netlink::delete_route(&cidr, gw).await?;
+    }
+    for (cidr, gw) in add {
+        tracing::info!(%cidr, %gw, "route to another node's pods");
+        if let Err(e) = crate::netlink::replace_route(&cidr, gw).await {
+            tracing::warn!(%cidr, %gw, error = %format!("{e:#}"), "cannot add the route (node not on-link?)");
+        }
+    }
+    Ok(())
+}
+
+/// The network loop: a watch of Nodes driving the egress masquerade chain and the host-gw
+/// routes, re-applied on every change and once a minute (in case something flushed them).
+pub async fn run_node_network(k: Arc<crate::kubelet::Kubelet>) {
+    let api: Api<Node> = Api::all(k.client.clone());
+    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut nodes: HashMap<String, NodeNet> = HashMap::new();
+    let mut relist: HashMap<String, NodeNet> = HashMap::new();
+    let mut synced = false;
+    let mut applied_masq: Option<(Cidr, BTreeSet<Cidr>)> = None;
+    let mut applied_routes: Option<BTreeMap<Cidr, Ipv4Addr>> = None;
+    let mut known: BTreeSet<Cidr> = BTreeSet::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            ev = stream.next() => match ev {
+                Some(Ok(watcher::Event::Apply(n))) => { nodes.insert(n.metadata.name.clone().unwrap_or_default(), NodeNet::from_node(&n)); }
+                Some(Ok(watcher::Event::Delete(n))) => { nodes.remove(n.metadata.name.as_deref().unwrap_or_default()); }
+                Some(Ok(watcher::Event::Init)) => relist.clear(),
+                Some(Ok(watcher::Event::InitApply(n))) => { relist.insert(n.metadata.name.clone().unwrap_or_default(), NodeNet::from_node(&n)); }
+                Some(Ok(watcher::Event::InitDone)) => { nodes = std::mem::take(&mut relist); synced = true; }
+                Some(Err(e)) => { tracing::debug!(error = %e, "node watch"); continue; }
+                None => return,
+            },
+            _ = tick.tick() => { applied_masq = None; applied_routes = None; }
+        }
+        if !synced {
+            continue;
+        }
+        let own = k.cidr().or_else(|| nodes.get(&k.node).and_then(|n| n.pod_cidr));
+        let list: Vec<NodeNet> = nodes.values().cloned().collect();
+        let before = known.len();
+        known.extend(list.iter().filter_map(|n| n.pod_cidr));
+        if known.len() != before {
+            applied_routes = None;
+        }
+        if let Some(own) = own {
+            let cluster: BTreeSet<Cidr> = list.iter().filter_map(|n| n.pod_cidr).collect();
+            let want = (own, cluster);
+            if applied_masq.as_ref() != Some(&want) {
+                match apply_masquerade(&k.node, &want.0, &want.1).await {
+                    Ok(()) => applied_masq = Some(want),
+                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot write the egress masquerade rules"),
+                }
+            }
+        }
+        let local = match crate::netlink::local_ipv4_addrs().await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot list this host's addresses");
+                continue;
+            }
+        };
+        let want = desired_routes(&k.node, own.as_ref(), &list, &local);
+        if applied_routes.as_ref() != Some(&want) {
+            match apply_routes(&want, &known).await {
+                Ok(()) => applied_routes = Some(want),
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot apply the routes to other nodes"),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,6 +435,84 @@ mod tests {
         assert_eq!(allocate(&c, &used), Some(Ipv4Addr::new(10, 1, 0, 2)));
         used.insert(Ipv4Addr::new(10, 1, 0, 2));
         assert_eq!(allocate(&c, &used), None);
+    }
+
+    fn nn(name: &str, cidr: &str, ip: &str) -> NodeNet {
+        NodeNet { name: name.into(), pod_cidr: cidr.parse().ok(), internal_ip: ip.parse().ok() }
+    }
+
+    #[test]
+    fn routes_only_to_nodes_on_other_hosts() {
+        let local: HashSet<Ipv4Addr> = ["192.168.1.10".parse().unwrap(), "127.0.0.1".parse().unwrap()].into();
+        let own: Cidr = "10.244.0.0/24".parse().unwrap();
+        let nodes = vec![
+            nn("me", "10.244.0.0/24", "192.168.1.10"),
+            nn("same-host", "10.244.1.0/24", "192.168.1.10"),
+            nn("loopback", "10.244.2.0/24", "127.0.0.2"),
+            nn("remote", "10.244.3.0/24", "192.168.1.11"),
+            nn("no-cidr", "", "192.168.1.12"),
+            nn("no-ip", "10.244.5.0/24", ""),
+            nn("clash-own", "10.244.0.0/25", "192.168.1.13"),
+            nn("z-clash", "10.244.3.128/25", "192.168.1.14"),
+        ];
+        let want = desired_routes("me", Some(&own), &nodes, &local);
+        assert_eq!(want, BTreeMap::from([("10.244.3.0/24".parse().unwrap(), "192.168.1.11".parse().unwrap())]));
+        // Without a podCIDR of its own the node still routes to the others.
+        assert_eq!(desired_routes("me", None, &nodes, &local).len(), 2);
+    }
+
+    #[test]
+    fn route_changes_leave_other_clusters_routes() {
+        let c = |s: &str| s.parse::<Cidr>().unwrap();
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let current = BTreeMap::from([
+            (c("10.244.1.0/24"), ip("192.168.1.11")), // still wanted
+            (c("10.244.2.0/24"), ip("192.168.1.12")), // node moved to a new IP
+            (c("10.244.3.0/24"), ip("192.168.1.13")), // node deleted
+            (c("10.99.0.0/24"), ip("192.168.1.50")),  // another cluster's
+        ]);
+        let desired = BTreeMap::from([
+            (c("10.244.1.0/24"), ip("192.168.1.11")),
+            (c("10.244.2.0/24"), ip("192.168.1.22")),
+            (c("10.244.4.0/24"), ip("192.168.1.14")),
+        ]);
+        let known: BTreeSet<Cidr> = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24", "10.244.4.0/24"].map(c).into();
+        let (add, del) = route_changes(&current, &desired, &known);
+        assert_eq!(add, vec![(c("10.244.2.0/24"), ip("192.168.1.22")), (c("10.244.4.0/24"), ip("192.168.1.14"))]);
+        assert_eq!(del, vec![(c("10.244.3.0/24"), ip("192.168.1.13"))]);
+    }
+
+    #[test]
+    fn masquerade_chain_returns_cluster_traffic_and_masquerades_the_rest() {
+        let chain = masq_chain("node-a");
+        assert!(chain.starts_with("MK8S-MASQ-") && chain.len() <= 28);
+        let own: Cidr = "10.244.0.0/24".parse().unwrap();
+        let cluster: BTreeSet<Cidr> = ["10.244.1.0/24".parse().unwrap(), own].into();
+        let r = masq_restore(&chain, &own, &cluster);
+        let lines: Vec<&str> = r.lines().collect();
+        assert_eq!(lines[0], "*nat");
+        assert_eq!(lines[1], format!(":{chain} - [0:0]"));
+        assert_eq!(lines[2], format!("-A {chain} -o mk8s+ -j RETURN"));
+        assert_eq!(lines[3], format!("-A {chain} -d 10.244.0.0/24 -j RETURN"));
+        assert_eq!(lines[4], format!("-A {chain} -d 10.244.1.0/24 -j RETURN"));
+        assert_eq!(lines[5], format!("-A {chain} -d 224.0.0.0/4 -j RETURN"));
+        assert_eq!(lines[6], format!("-A {chain} -j MASQUERADE"));
+        assert_eq!(lines[7], "COMMIT");
+    }
+
+    #[test]
+    fn stale_jumps_keep_the_current_one() {
+        let chain = masq_chain("node-a");
+        let listing = format!(
+            "-P POSTROUTING ACCEPT\n-A POSTROUTING -j KUBE-POSTROUTING\n\
+             -A POSTROUTING -s 10.244.9.0/24 -m comment --comment minik8s-pod-egress -j {chain}\n\
+             -A POSTROUTING -s 10.244.0.0/24 -m comment --comment minik8s-pod-egress -j {chain}\n\
+             -A POSTROUTING -s 10.244.1.0/24 -m comment --comment minik8s-pod-egress -j MK8S-MASQ-OTHER\n"
+        );
+        let keep = masq_jump(&chain, &"10.244.0.0/24".parse().unwrap());
+        let stale = stale_jumps(&listing, &chain, Some(&keep));
+        assert_eq!(stale, vec![masq_jump(&chain, &"10.244.9.0/24".parse().unwrap())]);
+        assert_eq!(stale_jumps(&listing, &chain, None).len(), 2);
     }
 
     #[test]

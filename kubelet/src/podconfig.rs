@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use apimachinery::quantity;
 use bollard::models::{ContainerCreateBody, HostConfig};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -120,9 +121,14 @@ fn quantity_value(container: &Container, resource: &str, divisor: Option<&Quanti
     let (which, name) = resource.split_once('.').unwrap_or(("limits", resource));
     let q = if which == "requests" { res.requests } else { res.limits };
     let Some(q) = q.and_then(|m| m.get(name).cloned()) else { return "0".into() };
-    let v = if name == "cpu" { parse_cpu_millis(&q.0) as f64 / 1000.0 } else { parse_bytes(&q.0) as f64 };
-    let d =
-        divisor.map(|d| if name == "cpu" { parse_cpu_millis(&d.0) as f64 / 1000.0 } else { parse_bytes(&d.0) as f64 });
+    let v = if name == "cpu" { quantity::milli_value(&q.0) as f64 / 1000.0 } else { quantity::value(&q.0) as f64 };
+    let d = divisor.map(|d| {
+        if name == "cpu" {
+            quantity::milli_value(&d.0) as f64 / 1000.0
+        } else {
+            quantity::value(&d.0) as f64
+        }
+    });
     let d = d.filter(|d| *d > 0.0).unwrap_or(1.0);
     format!("{}", (v / d).ceil() as i64)
 }
@@ -269,41 +275,6 @@ fn env_pairs(env: &[String]) -> Vec<(String, String)> {
     env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
-/// CPU quantity → millicores ("500m" → 500, "2" → 2000, "0.5" → 500).
-pub fn parse_cpu_millis(q: &str) -> i64 {
-    if let Some(m) = q.strip_suffix('m') {
-        return m.parse().unwrap_or(0);
-    }
-    q.parse::<f64>().map(|v| (v * 1000.0).round() as i64).unwrap_or(0)
-}
-
-/// Memory quantity → bytes ("64Mi", "1G", "128974848", "129e6").
-pub fn parse_bytes(q: &str) -> i64 {
-    const SUFFIXES: [(&str, f64); 12] = [
-        ("Ki", 1024.0),
-        ("Mi", 1048576.0),
-        ("Gi", 1073741824.0),
-        ("Ti", 1099511627776.0),
-        ("Pi", 1125899906842624.0),
-        ("Ei", 1152921504606846976.0),
-        ("k", 1e3),
-        ("M", 1e6),
-        ("G", 1e9),
-        ("T", 1e12),
-        ("P", 1e15),
-        ("E", 1e18),
-    ];
-    for (s, mul) in SUFFIXES {
-        if let Some(n) = q.strip_suffix(s) {
-            return n.parse::<f64>().map(|v| (v * mul) as i64).unwrap_or(0);
-        }
-    }
-    if let Some(n) = q.strip_suffix('m') {
-        return n.parse::<f64>().map(|v| (v / 1000.0) as i64).unwrap_or(0);
-    }
-    q.parse::<f64>().map(|v| v as i64).unwrap_or(0)
-}
-
 /// Everything the create body depends on besides the pod and container specs.
 pub struct ContainerContext<'a> {
     pub node: &'a str,
@@ -341,9 +312,9 @@ pub fn container_body(pod: &Pod, c: &Container, cx: &ContainerContext) -> Result
     let res = c.resources.clone().unwrap_or_default();
     let limit = |n: &str| res.limits.as_ref().and_then(|l| l.get(n)).map(|q| q.0.clone());
     let request = |n: &str| res.requests.as_ref().and_then(|l| l.get(n)).map(|q| q.0.clone());
-    let cpu_shares = request("cpu").or_else(|| limit("cpu")).map(|q| (parse_cpu_millis(&q) * 1024 / 1000).max(2));
-    let nano_cpus = limit("cpu").map(|q| parse_cpu_millis(&q) * 1_000_000).filter(|n| *n > 0);
-    let memory = limit("memory").map(|q| parse_bytes(&q)).filter(|m| *m > 0);
+    let cpu_shares = request("cpu").or_else(|| limit("cpu")).map(|q| (quantity::milli_value(&q) * 1024 / 1000).max(2));
+    let nano_cpus = limit("cpu").map(|q| quantity::milli_value(&q) * 1_000_000).filter(|n| *n > 0);
+    let memory = limit("memory").map(|q| quantity::value(&q)).filter(|m| *m > 0);
     let sc = c.security_context.clone().unwrap_or_default();
     let psc = pod.spec.as_ref().and_then(|s| s.security_context.clone()).unwrap_or_default();
     let user = sc.run_as_user.or(psc.run_as_user).map(|u| match sc.run_as_group.or(psc.run_as_group) {
@@ -529,16 +500,6 @@ mod tests {
             host_network: false,
         };
         assert!(container_body(&p, c, &cx).is_err());
-    }
-
-    #[test]
-    fn quantities() {
-        assert_eq!(parse_cpu_millis("500m"), 500);
-        assert_eq!(parse_cpu_millis("2"), 2000);
-        assert_eq!(parse_cpu_millis("0.25"), 250);
-        assert_eq!(parse_bytes("64Mi"), 67108864);
-        assert_eq!(parse_bytes("1G"), 1_000_000_000);
-        assert_eq!(parse_bytes("1024"), 1024);
     }
 
     #[test]

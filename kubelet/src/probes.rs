@@ -1,4 +1,5 @@
-//! Liveness, readiness and startup probes (exec, httpGet, tcpSocket) with Kubernetes'
+//! Liveness, readiness and startup probes (exec, httpGet over HTTP or HTTPS without
+//! certificate verification, tcpSocket, gRPC `grpc.health.v1`) with Kubernetes'
 //! timing fields. One task per probe of a running container; results land in a shared map
 //! the pod worker reads, and every change wakes the worker.
 
@@ -115,33 +116,16 @@ pub async fn run_once(
         if let Some(h) = &p.http_get {
             let port = resolve_port(&h.port, c)?;
             let host = h.host.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| ip.to_string());
-            if h.scheme.as_deref() == Some("HTTPS") {
-                bail!("HTTPS probes are not supported");
-            }
-            let mut s = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            let https = h.scheme.as_deref() == Some("HTTPS");
+            let headers: Vec<(String, String)> =
+                h.http_headers.iter().flatten().map(|hd| (hd.name.clone(), hd.value.clone())).collect();
             let path = h.path.clone().unwrap_or_else(|| "/".into());
-            let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.37\r\nAccept: */*\r\nConnection: close\r\n");
-            for hd in h.http_headers.iter().flatten() {
-                req.push_str(&format!("{}: {}\r\n", hd.name, hd.value));
-            }
-            req.push_str("\r\n");
-            s.write_all(req.as_bytes()).await?;
-            let mut buf = [0u8; 64];
-            let mut n = 0;
-            while n < 12 {
-                let r = s.read(&mut buf[n..]).await?;
-                if r == 0 {
-                    break;
-                }
-                n += r;
-            }
-            let line = String::from_utf8_lossy(&buf[..n]);
-            let code: u16 = line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|c| c.parse().ok())
-                .ok_or_else(|| anyhow!("bad HTTP answer"))?;
+            let code = http_get(&host, port, &path, &headers, https).await?;
             return Ok((200..400).contains(&code));
+        }
+        if let Some(g) = &p.grpc {
+            let port = u16::try_from(g.port).map_err(|_| anyhow!("invalid port {}", g.port))?;
+            return grpc_check(ip, port, g.service.as_deref().unwrap_or(""), timeout).await;
         }
         if let Some(t) = &p.tcp_socket {
             let port = resolve_port(&t.port, c)?;
@@ -149,7 +133,7 @@ pub async fn run_once(
             tokio::net::TcpStream::connect((host.as_str(), port)).await?;
             return Ok(true);
         }
-        bail!("probe has no supported handler (exec, httpGet, tcpSocket)")
+        bail!("probe has no supported handler (exec, httpGet, tcpSocket, grpc)")
     };
     match tokio::time::timeout(timeout, fut).await {
         Ok(Ok(ok)) => Ok(ok),
@@ -159,6 +143,138 @@ pub async fn run_once(
         }
         Err(_) => Ok(false),
     }
+}
+
+/// The request line and headers of an httpGet probe (Kubernetes' `kube-probe` user agent;
+/// the probe's own headers, a `Host` among them, override the defaults).
+pub fn http_request(host: &str, port: u16, path: &str, headers: &[(String, String)]) -> String {
+    let path = if path.starts_with('/') { path.to_string() } else { format!("/{path}") };
+    let has = |n: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(n));
+    let mut req = format!("GET {path} HTTP/1.1\r\n");
+    if !has("host") {
+        req.push_str(&format!("Host: {host}:{port}\r\n"));
+    }
+    if !has("user-agent") {
+        req.push_str("User-Agent: kube-probe/1.37\r\n");
+    }
+    if !has("accept") {
+        req.push_str("Accept: */*\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("Connection: close\r\n\r\n");
+    req
+}
+
+/// The status code of an HTTP/1.x status line (`HTTP/1.1 200 OK`).
+pub fn status_code(head: &[u8]) -> Option<u16> {
+    let line = String::from_utf8_lossy(head);
+    let mut parts = line.split_whitespace();
+    parts.next().filter(|v| v.starts_with("HTTP/"))?;
+    parts.next()?.parse().ok()
+}
+
+async fn read_status<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: S, req: &str) -> Result<u16> {
+    s.write_all(req.as_bytes()).await?;
+    s.flush().await?;
+    let mut buf = [0u8; 64];
+    let mut n = 0;
+    while n < buf.len() && !buf[..n].contains(&b'\n') {
+        let r = s.read(&mut buf[n..]).await?;
+        if r == 0 {
+            break;
+        }
+        n += r;
+    }
+    status_code(&buf[..n]).ok_or_else(|| anyhow!("bad HTTP answer {:?}", String::from_utf8_lossy(&buf[..n])))
+}
+
+/// GET `path` over HTTP or HTTPS and return the status code. HTTPS does not verify the
+/// server's certificate, as the kubelet's prober does not.
+pub async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, String)], https: bool) -> Result<u16> {
+    let tcp = tokio::net::TcpStream::connect((host, port)).await?;
+    let req = http_request(host, port, path, headers);
+    if !https {
+        return read_status(tcp, &req).await;
+    }
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| anyhow!("{host:?} is no TLS server name: {e}"))?;
+    let tls =
+        tokio_rustls::TlsConnector::from(insecure_tls_config()?).connect(name, tcp).await.context("TLS handshake")?;
+    read_status(tls, &req).await
+}
+
+/// A TLS client configuration that accepts any server certificate (probes check liveness,
+/// not identity — Kubernetes' prober sets `InsecureSkipVerify` too).
+fn insecure_tls_config() -> Result<Arc<rustls::ClientConfig>> {
+    use std::sync::OnceLock;
+    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+    if let Some(c) = CONFIG.get() {
+        return Ok(c.clone());
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(SkipVerify(provider)))
+        .with_no_client_auth();
+    Ok(CONFIG.get_or_init(|| Arc::new(config)).clone())
+}
+
+#[derive(Debug)]
+struct SkipVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for SkipVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A gRPC probe: `grpc.health.v1.Health/Check` for `service` on `host:port` (plaintext
+/// HTTP/2, as Kubernetes'); success only for `SERVING`.
+pub async fn grpc_check(host: &str, port: u16, service: &str, timeout: Duration) -> Result<bool> {
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+    let host = if host.contains(':') { format!("[{host}]") } else { host.to_string() };
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{host}:{port}"))
+        .context("gRPC endpoint")?
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .user_agent("kube-probe/1.37")
+        .context("gRPC user agent")?;
+    let channel = endpoint.connect().await.context("gRPC connect")?;
+    let reply = HealthClient::new(channel)
+        .check(HealthCheckRequest { service: service.to_string() })
+        .await
+        .map_err(|s| anyhow!("health check: {} {}", s.code(), s.message()))?;
+    Ok(reply.into_inner().status == ServingStatus::Serving as i32)
 }
 
 /// Start the probe tasks of a running container. Returns their handles (abort them when the
@@ -255,6 +371,98 @@ mod tests {
         assert_eq!((r, f), (Some(false), 3));
         let (r, _, _) = step(r, true, s, f, &t);
         assert_eq!(r, Some(true));
+    }
+
+    #[test]
+    fn http_request_and_status_line() {
+        let r = http_request("10.0.0.2", 8080, "healthz", &[("X-Custom".into(), "1".into())]);
+        assert!(r.starts_with("GET /healthz HTTP/1.1\r\nHost: 10.0.0.2:8080\r\nUser-Agent: kube-probe/1.37\r\n"));
+        assert!(r.contains("X-Custom: 1\r\n") && r.ends_with("\r\n\r\n"));
+        let r = http_request("h", 1, "/", &[("host".into(), "example.com".into())]);
+        assert!(!r.contains("Host: h:1") && r.contains("host: example.com\r\n"));
+        assert_eq!(status_code(b"HTTP/1.1 302 Found\r\n"), Some(302));
+        assert_eq!(status_code(b"HTTP/1.0 500"), Some(500));
+        assert_eq!(status_code(b"SSH-2.0-OpenSSH\r\n"), None);
+        assert_eq!(status_code(b""), None);
+    }
+
+    /// A one-shot-per-connection HTTP server answering `/ok` 200 and anything else 500,
+    /// over TLS with a self-signed certificate when `tls`.
+    async fn serve(tls: bool) -> u16 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let acceptor = tls.then(|| {
+            let key = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+            let cert = key.cert.der().clone();
+            let pk = rustls::pki_types::PrivateKeyDer::Pkcs8(key.signing_key.serialize_der().into());
+            let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert], pk)
+                .unwrap();
+            tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
+        });
+        tokio::spawn(async move {
+            loop {
+                let Ok((s, _)) = l.accept().await else { return };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: S) {
+                        let mut buf = vec![0u8; 1024];
+                        let n = s.read(&mut buf).await.unwrap_or(0);
+                        let req = String::from_utf8_lossy(&buf[..n]);
+                        let code = if req.starts_with("GET /ok ") { "200 OK" } else { "500 Internal Server Error" };
+                        let _ = s.write_all(format!("HTTP/1.1 {code}\r\nContent-Length: 0\r\n\r\n").as_bytes()).await;
+                        let _ = s.shutdown().await;
+                    }
+                    match acceptor {
+                        Some(a) => {
+                            if let Ok(t) = a.accept(s).await {
+                                answer(t).await
+                            }
+                        }
+                        None => answer(s).await,
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn http_and_https_probes() {
+        let plain = serve(false).await;
+        let tls = serve(true).await;
+        assert_eq!(http_get("127.0.0.1", plain, "/ok", &[], false).await.unwrap(), 200);
+        assert_eq!(http_get("127.0.0.1", plain, "/bad", &[], false).await.unwrap(), 500);
+        // HTTPS against a self-signed certificate for another name: accepted, as Kubernetes does.
+        assert_eq!(http_get("127.0.0.1", tls, "/ok", &[], true).await.unwrap(), 200);
+        assert_eq!(http_get("127.0.0.1", tls, "/bad", &[], true).await.unwrap(), 500);
+        // Plain HTTP to a TLS port is no HTTP answer; HTTPS to a plain port fails the handshake.
+        assert!(http_get("127.0.0.1", tls, "/ok", &[], false).await.is_err());
+        assert!(http_get("127.0.0.1", plain, "/ok", &[], true).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn grpc_probe_against_a_tonic_health_server() {
+        let (reporter, service) = tonic_health::server::health_reporter();
+        reporter.set_service_status("up", tonic_health::ServingStatus::Serving).await;
+        reporter.set_service_status("down", tonic_health::ServingStatus::NotServing).await;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(l);
+        tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
+        let t = Duration::from_secs(5);
+        // The empty service name is the server's overall health (SERVING by default).
+        assert!(grpc_check("127.0.0.1", port, "", t).await.unwrap());
+        assert!(grpc_check("127.0.0.1", port, "up", t).await.unwrap());
+        assert!(!grpc_check("127.0.0.1", port, "down", t).await.unwrap());
+        // An unknown service is NOT_FOUND: an error, so a failed probe.
+        assert!(grpc_check("127.0.0.1", port, "nope", t).await.is_err());
+        // Nothing listening: an error.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        assert!(grpc_check("127.0.0.1", closed, "", t).await.is_err());
     }
 
     #[test]

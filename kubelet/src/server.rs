@@ -1,7 +1,8 @@
 //! The kubelet's HTTP server on `--port`: `/healthz`, `/metrics`, and
 //! `/containerLogs/<namespace>/<pod>/<container>` (query: follow, tailLines, previous,
 //! timestamps, sinceSeconds, limitBytes) as the apiserver's `pods/log` proxy expects, and
-//! `/stats/summary` (CPU and memory per container).
+//! `/stats/summary` (CPU and memory per container), and the streaming endpoints of
+//! `streaming/` (`/exec`, `/attach`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,6 +51,7 @@ pub async fn serve(addr: SocketAddr, k: Arc<Kubelet>) -> anyhow::Result<SocketAd
         .route("/metrics", get(metrics))
         .route("/containerLogs/{ns}/{pod}/{container}", get(logs))
         .route("/stats/summary", get(summary))
+        .merge(crate::streaming::routes())
         .with_state(k);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {

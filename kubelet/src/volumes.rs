@@ -1,12 +1,15 @@
 //! Pod volumes on the node's disk, under `<root-dir>/pods/<uid>/volumes/<name>`:
 //! emptyDir (a directory), hostPath (the host's path), configMap / secret / downwardAPI /
 //! projected (files computed by the pure [`volume_files`] and rewritten on every sync),
-//! persistentVolumeClaim (the bound PV's hostPath or local path).
+//! persistentVolumeClaim (the bound PV's hostPath or local path); an emptyDir with
+//! `medium: Memory` is a tmpfs mounted there (`size=` its `sizeLimit`), unmounted by
+//! [`remove_pod_dir`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{KeyToPath, Pod, Volume};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::podconfig::{field_value, ConfigError, Lookups};
 
@@ -31,7 +34,7 @@ fn items(
                         return Err(ConfigError(format!(
                             "configmap references non-existent config key: {} ({what})",
                             it.key
-                        )))
+                        )));
                     }
                 }
             }
@@ -144,7 +147,7 @@ pub fn prepare(
                     std::fs::write(p, b"").map_err(|e| io(e, p))?;
                 }
                 "Directory" | "File" | "Socket" | "CharDevice" | "BlockDevice" if !p.exists() => {
-                    return Err(ConfigError(format!("hostPath type check failed: {} does not exist", h.path)))
+                    return Err(ConfigError(format!("hostPath type check failed: {} does not exist", h.path)));
                 }
                 _ => {}
             }
@@ -161,7 +164,7 @@ pub fn prepare(
                     return Err(ConfigError(format!(
                         "persistentvolumeclaim \"{}\" is not bound to a volume with a host path",
                         c.claim_name
-                    )))
+                    )));
                 }
             }
             continue;
@@ -182,14 +185,96 @@ pub fn prepare(
                     std::fs::rename(&tmp, &f).map_err(|e| io(e, &f))?;
                 }
             }
-        } else if let Some(ed) = &v.empty_dir {
-            let _ = ed;
-            // A plain directory (medium Memory included: a tmpfs would not be shared by
-            // the pod's containers through bind mounts).
+        } else if let Some(ed) = v.empty_dir.as_ref().filter(|e| e.medium.as_deref() == Some("Memory")) {
+            // A tmpfs mounted on the host at the volume's directory, then bind-mounted into
+            // every container like any emptyDir: the pod's containers share it (Docker's
+            // per-container `--tmpfs` could not be shared).
+            if !is_tmpfs(&dir) {
+                mount_tmpfs(&dir, &tmpfs_options(ed.size_limit.as_ref()))
+                    .map_err(|e| ConfigError(format!("mounting a tmpfs for emptyDir {}: {e}", v.name)))?;
+            }
         }
         out.insert(v.name.clone(), dir.to_string_lossy().into_owned());
     }
     Ok(out)
+}
+
+/// The tmpfs options of a memory-backed emptyDir: world-writable like every emptyDir, and
+/// `size=` the `sizeLimit` in bytes (without one, the kernel's default: half the RAM).
+pub fn tmpfs_options(size_limit: Option<&Quantity>) -> String {
+    match size_limit.map(|q| apimachinery::quantity::value(&q.0)).filter(|b| *b > 0) {
+        Some(b) => format!("mode=1777,size={b}"),
+        None => "mode=1777".to_string(),
+    }
+}
+
+fn cstr(p: &Path) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other)
+}
+
+/// Whether `dir` is the root of a tmpfs.
+fn is_tmpfs(dir: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let Ok(c) = cstr(dir) else { return false };
+    // SAFETY: a valid NUL-terminated path and a zeroed statfs buffer the call fills.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    rc == 0
+        && st.f_type as i64 == TMPFS_MAGIC
+        && mounts_under(&mountinfo(), dir.parent().unwrap_or(dir)).contains(&dir.to_path_buf())
+}
+
+fn mount_tmpfs(dir: &Path, options: &str) -> std::io::Result<()> {
+    let target = cstr(dir)?;
+    let opts = std::ffi::CString::new(options).map_err(std::io::Error::other)?;
+    // SAFETY: valid NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            opts.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn mountinfo() -> String {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()
+}
+
+/// The mount points strictly below `dir` in `/proc/self/mountinfo` text, deepest first
+/// (the fifth field, with the kernel's octal escapes for space, tab, newline, backslash).
+pub fn mounts_under(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
+    let unescape =
+        |s: &str| s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\");
+    let mut out: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(unescape(m)))
+        .filter(|m| m.starts_with(dir) && m != dir)
+        .collect();
+    out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    out.dedup();
+    out
+}
+
+/// Remove a pod's directory, unmounting its memory-backed emptyDirs first.
+pub fn remove_pod_dir(root: &Path, uid: &str) {
+    let dir = pod_dir(root, uid);
+    for m in mounts_under(&mountinfo(), &dir) {
+        let Ok(c) = cstr(&m) else { continue };
+        // SAFETY: a valid NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+            tracing::warn!(path = %m.display(), error = %std::io::Error::last_os_error(), "cannot unmount");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[cfg(test)]
@@ -228,5 +313,33 @@ mod tests {
         let paths = prepare(root.path(), &ok, &l, &HashMap::new(), "", "").unwrap();
         assert_eq!(std::fs::read_to_string(format!("{}/sub/file", paths["c"])).unwrap(), "v");
         assert!(Path::new(&paths["e"]).is_dir());
+    }
+
+    #[test]
+    fn tmpfs_options_follow_the_size_limit() {
+        assert_eq!(tmpfs_options(Some(&Quantity("64Mi".into()))), "mode=1777,size=67108864");
+        assert_eq!(tmpfs_options(Some(&Quantity("1G".into()))), "mode=1777,size=1000000000");
+        assert_eq!(tmpfs_options(None), "mode=1777");
+        assert_eq!(tmpfs_options(Some(&Quantity("0".into()))), "mode=1777");
+    }
+
+    #[test]
+    fn mounts_below_a_directory_deepest_first() {
+        let info = "\
+22 1 8:1 / / rw - ext4 /dev/sda1 rw
+90 22 0:50 / /var/lib/kubelet/pods/u1/volumes/cache rw - tmpfs tmpfs rw,size=1024k
+91 90 0:51 / /var/lib/kubelet/pods/u1/volumes/cache/inner rw - tmpfs tmpfs rw
+92 22 0:52 / /var/lib/kubelet/pods/u1/volumes/with\\040space rw - tmpfs tmpfs rw
+93 22 0:53 / /var/lib/kubelet/pods/u10/volumes/x rw - tmpfs tmpfs rw
+";
+        let got = mounts_under(info, Path::new("/var/lib/kubelet/pods/u1"));
+        assert_eq!(
+            got,
+            vec![
+                PathBuf::from("/var/lib/kubelet/pods/u1/volumes/cache/inner"),
+                PathBuf::from("/var/lib/kubelet/pods/u1/volumes/cache"),
+                PathBuf::from("/var/lib/kubelet/pods/u1/volumes/with space"),
+            ]
+        );
     }
 }

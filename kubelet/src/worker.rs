@@ -206,7 +206,7 @@ async fn kill_pod(
     }
     k.release_ips(records).await;
     network::teardown_pod(uid).await;
-    let _ = std::fs::remove_dir_all(volumes::pod_dir(&k.root_dir, uid));
+    volumes::remove_pod_dir(&k.root_dir, uid);
 }
 
 async fn exec(k: &Kubelet, id: &str, cmd: Vec<String>) -> Result<()> {
@@ -304,6 +304,8 @@ struct PodContext {
     lookups: Lookups,
     volume_paths: HashMap<String, String>,
     host_network: bool,
+    /// The pod's /etc/hosts and /etc/resolv.conf (`host:container` binds, see `dns.rs`).
+    dns_binds: Vec<String>,
 }
 
 async fn fetch_lookups(k: &Kubelet, pod: &Pod) -> Result<Lookups> {
@@ -453,7 +455,17 @@ async fn run_pod(
             return Ok(Outcome::Again(Duration::from_secs(5)));
         }
     };
-    let cx = PodContext { sandbox_id: sandbox.id.clone(), pod_ip: pod_ip.clone(), lookups, volume_paths, host_network };
+    // The pod's /etc/hosts and /etc/resolv.conf, mounted into each of its containers.
+    let dns_binds = crate::dns::write_files(&pod, &pod_ip, &k.dns, &volumes::pod_dir(&k.root_dir, uid))
+        .context("writing the pod's /etc/hosts and /etc/resolv.conf")?;
+    let cx = PodContext {
+        sandbox_id: sandbox.id.clone(),
+        pod_ip: pod_ip.clone(),
+        lookups,
+        volume_paths,
+        host_network,
+        dns_binds,
+    };
 
     // Init containers, one at a time, unless the app containers already ran.
     let apps_started = spec.containers.iter().any(|c| instances(&records, &c.name, Kind::App).0.is_some());
@@ -670,10 +682,13 @@ async fn start_container(
         volume_paths: &cx.volume_paths,
         host_network: cx.host_network,
     };
-    let body = match podconfig::container_body(pod, c, &ccx) {
+    let mut body = match podconfig::container_body(pod, c, &ccx) {
         Ok(b) => b,
         Err(e) => return config_err(w, e.0),
     };
+    if let Some(binds) = body.host_config.as_mut().map(|h| h.binds.get_or_insert_with(Vec::new)) {
+        binds.extend(cx.dns_binds.iter().cloned());
+    }
     let name = labels::docker_name(&pr, &c.name, restart_count);
     let fail = |w: &mut Worker, reason: &str, msg: String| {
         let prev = w.start_backoff.get(&c.name).map(|(_, d)| *d);
@@ -759,6 +774,12 @@ async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network:
             let _ = k.rt.remove(&id).await;
             release_ip(k, Some(ip.as_str())).await;
             return Err(e.context("setting up the pod network"));
+        }
+        // Hairpin (kubelet's --hairpin-mode=hairpin-veth): a pod reaching itself through a
+        // Service's cluster IP leaves and re-enters by its own bridge port.
+        let (veth, _) = network::veth_names(&pr.uid);
+        if let Err(e) = std::fs::write(format!("/sys/class/net/{veth}/brport/hairpin_mode"), "1") {
+            tracing::warn!(veth, error = %e, "cannot enable hairpin mode: the pod cannot reach itself through a Service");
         }
     }
     tracing::info!(pod = %format!("{}/{}", pr.namespace, pr.name), ip, "sandbox ready");

@@ -16,18 +16,23 @@ use tokio::sync::Notify;
 
 pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
 pub const CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+/// ingress-nginx's annotation: the backend sees the matched path prefix replaced by this.
+pub const REWRITE_TARGET_ANNOTATION: &str = "nginx.ingress.kubernetes.io/rewrite-target";
 
 /// Settings of the controller.
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
     pub dir: PathBuf,
     pub class: String,
+    /// Also serve Ingresses without any class (`--watch-ingress-without-class`).
+    pub without_class: bool,
     pub http_port: u16,
     pub node_ip: Option<std::net::Ipv4Addr>,
 }
 
-/// Whether this controller serves `ing`: its class is ours, or it has none and ours is the default.
-pub fn serves(ing: &Ingress, class: &str, classes: &[IngressClass]) -> bool {
+/// Whether this controller serves `ing`: its class is ours, or it has none and ours is the
+/// default (or `without_class` says to serve class-less Ingresses).
+pub fn serves(ing: &Ingress, class: &str, without_class: bool, classes: &[IngressClass]) -> bool {
     let named = ing
         .spec
         .as_ref()
@@ -35,6 +40,7 @@ pub fn serves(ing: &Ingress, class: &str, classes: &[IngressClass]) -> bool {
         .or_else(|| ing.metadata.annotations.as_ref().and_then(|a| a.get(CLASS_ANNOTATION).cloned()));
     match named {
         Some(c) => c == class,
+        None if without_class => true,
         None => classes.iter().any(|c| {
             c.metadata.name.as_deref() == Some(class)
                 && c.metadata.annotations.as_ref().and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION)).map(String::as_str)
@@ -58,10 +64,33 @@ fn upstream(b: &IngressBackend, ns: &str, services: &BTreeMap<(String, String), 
     Some(format!("http://{ip}:{number}"))
 }
 
-fn location(out: &mut String, matcher: &str, target: Option<&str>) {
+/// The `rewrite` directive for a path with a `rewrite-target` annotation: the matched prefix
+/// (or exact path) is replaced by the target, the rest of the URI kept. Only literal paths and
+/// targets (no regex, no nginx variables) are accepted; anything else is not rewritten.
+pub fn rewrite(path: &str, exact: bool, target: &str) -> Option<String> {
+    let literal = |s: &str, extra: &str| {
+        s.starts_with('/') && s.chars().all(|c| c.is_ascii_alphanumeric() || "/-_.~".contains(c) || extra.contains(c))
+    };
+    if !literal(path, "") || !literal(target, "%:@!*'(),+=") {
+        return None;
+    }
+    let p = path.trim_end_matches('/').replace('.', "\\.");
+    Some(if exact {
+        format!("rewrite ^{p}$ {target} break;")
+    } else if target.ends_with('/') {
+        format!("rewrite ^{p}/?(.*)$ {target}$1 break;")
+    } else {
+        format!("rewrite ^{p}(.*)$ {target}$1 break;")
+    })
+}
+
+fn location(out: &mut String, matcher: &str, target: Option<&str>, rewrite: Option<&str>) {
     let _ = writeln!(out, "        location {matcher} {{");
     match target {
         Some(t) => {
+            if let Some(r) = rewrite {
+                let _ = writeln!(out, "            {r}");
+            }
             let _ = writeln!(out, "            proxy_pass {t};");
         }
         None => {
@@ -78,16 +107,18 @@ pub fn render(ingresses: &[Ingress], services: &[Service], classes: &[IngressCla
         .iter()
         .filter_map(|s| Some(((s.metadata.namespace.clone().unwrap_or_default(), s.metadata.name.clone()?), s)))
         .collect();
-    let mut ings: Vec<&Ingress> = ingresses.iter().filter(|i| serves(i, &cfg.class, classes)).collect();
+    let mut ings: Vec<&Ingress> =
+        ingresses.iter().filter(|i| serves(i, &cfg.class, cfg.without_class, classes)).collect();
     // Oldest first (by namespace/name for determinism): the first Ingress wins a host+path.
     ings.sort_by_key(|i| (i.metadata.namespace.clone(), i.metadata.name.clone()));
 
-    // host → matcher → upstream
-    let mut hosts: BTreeMap<String, BTreeMap<String, Option<String>>> = BTreeMap::new();
+    // host → matcher → (upstream, rewrite)
+    let mut hosts: BTreeMap<String, BTreeMap<String, (Option<String>, Option<String>)>> = BTreeMap::new();
     let mut default_backend: Option<Option<String>> = None;
     for ing in &ings {
         let ns = ing.metadata.namespace.clone().unwrap_or_else(|| "default".into());
         let Some(spec) = ing.spec.as_ref() else { continue };
+        let rewrite_target = ing.metadata.annotations.as_ref().and_then(|a| a.get(REWRITE_TARGET_ANNOTATION));
         if let (None, Some(b)) = (&default_backend, spec.default_backend.as_ref()) {
             default_backend = Some(upstream(b, &ns, &svc_map));
         }
@@ -99,6 +130,7 @@ pub fn render(ingresses: &[Ingress], services: &[Service], classes: &[IngressCla
                 let target = upstream(&p.backend, &ns, &svc_map);
                 let exact = p.path_type == "Exact";
                 let trimmed = path.trim_end_matches('/');
+                let rw = rewrite_target.and_then(|t| rewrite(&path, exact, t));
                 let matchers: Vec<String> = if exact {
                     vec![format!("= {path}")]
                 } else if trimmed.is_empty() {
@@ -108,7 +140,7 @@ pub fn render(ingresses: &[Ingress], services: &[Service], classes: &[IngressCla
                     vec![format!("= {trimmed}"), format!("{trimmed}/")]
                 };
                 for m in matchers {
-                    locs.entry(m).or_insert_with(|| target.clone());
+                    locs.entry(m).or_insert_with(|| (target.clone(), rw.clone()));
                 }
             }
         }
@@ -138,12 +170,12 @@ http {{\n\
     // The catch-all server: rules without a host, then the default backend, else 404.
     let catch_all = hosts.remove("_").unwrap_or_default();
     let _ = writeln!(out, "    server {{\n        listen {port} default_server;\n        server_name _;");
-    for (m, t) in &catch_all {
-        location(&mut out, m, t.as_deref());
+    for (m, (t, rw)) in &catch_all {
+        location(&mut out, m, t.as_deref(), rw.as_deref());
     }
     if !catch_all.contains_key("/") {
         match &default_backend {
-            Some(t) => location(&mut out, "/", t.as_deref()),
+            Some(t) => location(&mut out, "/", t.as_deref(), None),
             None => {
                 let _ = writeln!(out, "        location / {{\n            return 404;\n        }}");
             }
@@ -152,12 +184,12 @@ http {{\n\
     let _ = writeln!(out, "    }}");
     for (host, locs) in &hosts {
         let _ = writeln!(out, "    server {{\n        listen {port};\n        server_name {host};");
-        for (m, t) in locs {
-            location(&mut out, m, t.as_deref());
+        for (m, (t, rw)) in locs {
+            location(&mut out, m, t.as_deref(), rw.as_deref());
         }
         if !locs.contains_key("/") {
             match &default_backend {
-                Some(t) => location(&mut out, "/", t.as_deref()),
+                Some(t) => location(&mut out, "/", t.as_deref(), None),
                 None => {
                     let _ = writeln!(out, "        location / {{\n            return 404;\n        }}");
                 }
@@ -176,6 +208,41 @@ pub fn write_if_changed(path: &Path, conf: &str) -> anyhow::Result<bool> {
     }
     std::fs::write(path, conf)?;
     Ok(true)
+}
+
+/// Whether the nginx whose pid file is in `dir` runs (a live process named nginx).
+pub fn nginx_alive(dir: &Path) -> bool {
+    let Some(pid) = std::fs::read_to_string(dir.join("nginx.pid")).ok().and_then(|p| p.trim().parse::<u32>().ok())
+    else {
+        return false;
+    };
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| String::from_utf8_lossy(&c).contains("nginx"))
+        .unwrap_or(false)
+}
+
+/// Stop the nginx of `dir` (fast shutdown: the master stops its workers) and wait until it
+/// is gone (its pid file removed), at most 5 s.
+pub async fn stop_nginx(dir: &Path) {
+    let conf = dir.join("nginx.conf");
+    let pid = dir.join("nginx.pid");
+    if !nginx_alive(dir) {
+        return;
+    }
+    let conf_s = conf.to_string_lossy().to_string();
+    match tokio::process::Command::new("nginx").args(["-c", &conf_s, "-s", "stop"]).output().await {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => tracing::warn!(stderr = %String::from_utf8_lossy(&o.stderr), "nginx -s stop failed"),
+        Err(e) => tracing::warn!(error = %e, "cannot run nginx -s stop"),
+    }
+    for _ in 0..50 {
+        if !pid.exists() {
+            tracing::info!("stopped nginx");
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    tracing::warn!("nginx did not stop within 5s");
 }
 
 /// Run the controller: watch Ingresses, IngressClasses and Services; render; reload nginx.
@@ -201,10 +268,14 @@ pub async fn run(client: Client, cfg: ControllerConfig) -> anyhow::Result<()> {
         let svcs: Vec<Service> = services.state().iter().map(|x| (**x).clone()).collect();
         let conf = render(&ings, &svcs, &cls, &cfg);
         let changed = write_if_changed(&conf_path, &conf)?;
-        let running = match nginx.as_mut() {
-            Some(c) => c.try_wait().ok().flatten().is_none(),
-            None => false,
-        };
+        // Reap our child if it exited; an nginx left by an earlier kubeproxy (killed, so it
+        // could not stop it) is adopted through its pid file instead of started twice.
+        if let Some(c) = nginx.as_mut() {
+            if c.try_wait().ok().flatten().is_some() {
+                nginx = None;
+            }
+        }
+        let running = nginx.is_some() || nginx_alive(&cfg.dir);
         if !running {
             let conf_s = conf_path.to_string_lossy().to_string();
             match tokio::process::Command::new("nginx")
@@ -235,7 +306,7 @@ pub async fn run(client: Client, cfg: ControllerConfig) -> anyhow::Result<()> {
         }
         // Publish this node's address in the status of the Ingresses we serve.
         if let Some(ip) = cfg.node_ip {
-            for ing in ings.iter().filter(|i| serves(i, &cfg.class, &cls)) {
+            for ing in ings.iter().filter(|i| serves(i, &cfg.class, cfg.without_class, &cls)) {
                 let (Some(ns), Some(name)) = (ing.metadata.namespace.clone(), ing.metadata.name.clone()) else {
                     continue;
                 };
@@ -270,7 +341,13 @@ mod tests {
     use serde_json::json;
 
     fn cfg() -> ControllerConfig {
-        ControllerConfig { dir: "/run/kp".into(), class: "nginx".into(), http_port: 8080, node_ip: None }
+        ControllerConfig {
+            dir: "/run/kp".into(),
+            class: "nginx".into(),
+            without_class: false,
+            http_port: 8080,
+            node_ip: None,
+        }
     }
     fn ing(v: serde_json::Value) -> Ingress {
         serde_json::from_value(v).unwrap()
@@ -311,18 +388,40 @@ mod tests {
     fn ingress_class_selection() {
         let mut other = myservice();
         other.spec.as_mut().unwrap().ingress_class_name = Some("traefik".into());
-        assert!(!serves(&other, "nginx", &[]));
+        assert!(!serves(&other, "nginx", false, &[]));
         let mut none = myservice();
         none.spec.as_mut().unwrap().ingress_class_name = None;
-        assert!(!serves(&none, "nginx", &[]));
+        assert!(!serves(&none, "nginx", false, &[]));
         let default: IngressClass = serde_json::from_value(json!({"metadata": {"name": "nginx",
             "annotations": {"ingressclass.kubernetes.io/is-default-class": "true"}}, "spec": {"controller": "k8s.io/ingress-nginx"}})).unwrap();
-        assert!(serves(&none, "nginx", &[default]));
+        assert!(serves(&none, "nginx", false, &[default]));
         let mut annotated = none.clone();
         annotated.metadata.annotations = Some([(CLASS_ANNOTATION.to_string(), "nginx".to_string())].into());
-        assert!(serves(&annotated, "nginx", &[]));
-        let conf = render(&[other], &[], &[], &cfg());
+        assert!(serves(&annotated, "nginx", false, &[]));
+        let conf = render(&[other.clone()], &[], &[], &cfg());
         assert!(!conf.contains("myservice.com"));
+        // --watch-ingress-without-class: class-less ones too, never another class.
+        assert!(serves(&none, "nginx", true, &[]));
+        assert!(!serves(&other, "nginx", true, &[]));
+    }
+
+    #[test]
+    fn rewrite_target_replaces_the_matched_prefix() {
+        assert_eq!(rewrite("/web", false, "/").as_deref(), Some("rewrite ^/web/?(.*)$ /$1 break;"));
+        assert_eq!(rewrite("/web/", false, "/app").as_deref(), Some("rewrite ^/web(.*)$ /app$1 break;"));
+        assert_eq!(rewrite("/a.b", true, "/").as_deref(), Some("rewrite ^/a\\.b$ / break;"));
+        // Regex paths, nginx variables and directive injection are not rewritten.
+        assert_eq!(rewrite("/web(/|$)(.*)", false, "/$2"), None);
+        assert_eq!(rewrite("/web", false, "/; return 200"), None);
+        assert_eq!(rewrite("/web", false, "/x{"), None);
+        let mut i = myservice();
+        i.metadata.annotations = Some([(REWRITE_TARGET_ANNOTATION.to_string(), "/".to_string())].into());
+        let conf = render(&[i], &[simple_service("web", "10.96.0.10", 80)], &[], &cfg());
+        assert!(
+            conf.contains("location /web/ {\n            rewrite ^/web/?(.*)$ /$1 break;\n            proxy_pass http://10.96.0.10:80;"),
+            "{conf}"
+        );
+        assert!(conf.contains("location = /web {\n            rewrite ^/web/?(.*)$ /$1 break;"), "{conf}");
     }
 
     #[test]

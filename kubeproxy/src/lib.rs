@@ -7,6 +7,7 @@ pub mod backend;
 pub mod chains;
 pub mod conntrack;
 pub mod dns;
+pub mod dnsservice;
 pub mod ingress;
 pub mod iptables;
 pub mod ipvs;

@@ -2,7 +2,7 @@
 //! (iptables, nftables or IPVS mode) from Services and EndpointSlices, and optionally
 //! serves cluster DNS and runs an nginx Ingress controller.
 
-use kubeproxy::{backend, dns, ingress, iptables, model, proxier, sysctl};
+use kubeproxy::{backend, dns, dnsservice, ingress, iptables, model, proxier, sysctl};
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -63,12 +63,23 @@ struct Args {
     /// Upstream DNS server for other names (default: the first nameserver of /etc/resolv.conf).
     #[arg(long)]
     dns_upstream: Option<SocketAddr>,
+    /// The Service pods reach the cluster DNS through (`NAMESPACE/NAME`): with --node-ip, this
+    /// node's DNS server is published as one of its endpoints (an EndpointSlice `<name>-<node>`).
+    #[arg(long, default_value = "kube-system/kube-dns", value_parser = dnsservice::parse_service)]
+    dns_service: (String, String),
+    /// Create the --dns-service with this cluster IP when it does not exist (the kubelets'
+    /// --cluster-dns, e.g. 10.96.0.10).
+    #[arg(long)]
+    dns_service_ip: Option<Ipv4Addr>,
     /// Run the nginx Ingress controller with its files in this directory; off when absent.
     #[arg(long)]
     ingress_dir: Option<PathBuf>,
     /// The IngressClass this controller serves (also Ingresses without a class, when it is the default).
     #[arg(long, default_value = "nginx")]
     ingress_class: String,
+    /// Also serve Ingresses that name no IngressClass (ingress-nginx's flag).
+    #[arg(long)]
+    watch_ingress_without_class: bool,
     /// The port nginx listens on.
     #[arg(long, default_value_t = 80)]
     ingress_http_port: u16,
@@ -79,6 +90,9 @@ struct Args {
     #[arg(long, default_value = "info")]
     log_level: String,
 }
+
+/// The DNS endpoint this process published (withdrawn on a graceful stop).
+static PUBLISHED: std::sync::OnceLock<(kube::Client, dnsservice::Publish)> = std::sync::OnceLock::new();
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map(|i| s.split_at(i)).unwrap_or((s, "s"));
@@ -101,7 +115,22 @@ fn hostname() -> String {
 async fn main() {
     let args = Args::parse();
     common::init_tracing(&args.log_level);
-    if let Err(e) = run(args).await {
+    let ingress_dir = args.ingress_dir.clone();
+    let result = tokio::select! {
+        r = run(args) => r,
+        s = shutdown_signal() => {
+            tracing::info!(signal = s, "stopping; the Service rules stay in place (--cleanup removes them)");
+            Ok(())
+        }
+    };
+    if let Some((client, p)) = PUBLISHED.get() {
+        dnsservice::unpublish(client.clone(), p).await;
+    }
+    // nginx must not outlive us: stop it (it stops its workers) before its handle is dropped.
+    if let Some(dir) = ingress_dir {
+        ingress::stop_nginx(&dir).await;
+    }
+    if let Err(e) = result {
         tracing::error!("{e:#}");
         eprintln!("kubeproxy: {e:#}");
         std::process::exit(1);
@@ -210,11 +239,28 @@ async fn run(args: Args) -> anyhow::Result<()> {
         )
         .await?;
         tracing::info!(addresses = ?bound, upstream = ?upstream, "serving cluster DNS");
+        match args.node_ip {
+            Some(node_ip) => {
+                let (namespace, name) = args.dns_service.clone();
+                let p = dnsservice::Publish {
+                    namespace,
+                    name,
+                    cluster_ip: args.dns_service_ip,
+                    node: node_name.clone(),
+                    node_ip,
+                    port: bound.first().map(|a| a.port()).unwrap_or(addr.port()),
+                };
+                let _ = PUBLISHED.set((client.clone(), p.clone()));
+                tokio::spawn(dnsservice::run(client.clone(), p, Duration::from_secs(30)));
+            }
+            None => tracing::info!("no --node-ip: this DNS server is not published as a cluster DNS endpoint"),
+        }
     }
     if let Some(dir) = args.ingress_dir.clone() {
         let ic = ingress::ControllerConfig {
             dir,
             class: args.ingress_class.clone(),
+            without_class: args.watch_ingress_without_class,
             http_port: args.ingress_http_port,
             node_ip: args.node_ip,
         };
@@ -235,6 +281,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ready,
     )
     .await
+}
+
+/// SIGTERM or SIGINT.
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        },
+        _ => std::future::pending().await,
+    }
 }
 
 fn which(program: &str) -> anyhow::Result<()> {

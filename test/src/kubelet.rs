@@ -86,6 +86,30 @@ pub fn bridge_name(node: &str) -> String {
     format!("mk8s{h:08x}")
 }
 
+/// The kubelet's egress masquerade chain for a node (same hash as kubelet/src/network.rs).
+pub fn masq_chain(node: &str) -> String {
+    format!("MK8S-MASQ-{}", &bridge_name(node)[4..].to_uppercase())
+}
+
+/// Remove a node's egress masquerade chain and the POSTROUTING rules jumping to it.
+pub fn remove_masquerade(node: &str) {
+    let chain = masq_chain(node);
+    let listing = Command::new("iptables").args(["-w", "-t", "nat", "-S", "POSTROUTING"]).output();
+    let listing = listing.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    for l in listing.lines().filter(|l| l.ends_with(&format!("-j {chain}"))) {
+        if let Some(rest) = l.strip_prefix("-A POSTROUTING ") {
+            let _ = Command::new("iptables")
+                .args(["-w", "-t", "nat", "-D", "POSTROUTING"])
+                .args(rest.split_whitespace())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+    for op in ["-F", "-X"] {
+        let _ = Command::new("iptables").args(["-w", "-t", "nat", op, &chain]).stderr(Stdio::null()).status();
+    }
+}
+
 /// A /24 in 10.245.0.0/16 that no route of this host uses yet.
 fn free_pod_cidr() -> String {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -248,5 +272,6 @@ impl Drop for Kubelet {
         self.kill();
         remove_node_containers(&self.node);
         let _ = Command::new("ip").args(["link", "del", &bridge_name(&self.node)]).stderr(Stdio::null()).status();
+        remove_masquerade(&self.node);
     }
 }

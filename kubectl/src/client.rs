@@ -132,7 +132,12 @@ impl Ctx {
 
     /// A streaming GET (watch, logs -f).
     pub async fn stream(&self, path: &str) -> Result<impl AsyncBufRead + use<>> {
-        let req = self.request(Method::GET, path, "application/json", None)?;
+        self.stream_accept(path, "application/json").await
+    }
+
+    /// A streamed GET with its own `Accept` (watches as Tables).
+    pub async fn stream_accept(&self, path: &str, accept: &str) -> Result<impl AsyncBufRead + use<>> {
+        let req = self.request(Method::GET, path, accept, None)?;
         self.client.request_stream(req).await.map_err(|e| from_kube(e, &self.server))
     }
 

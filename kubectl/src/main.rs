@@ -41,6 +41,12 @@ enum Cmd {
     Describe(cmd::describe::Args),
     /// Print the logs for a container in a pod.
     Logs(cmd::logs::Args),
+    /// Execute a command in a container.
+    Exec(cmd::exec::Args),
+    /// Attach to a running container.
+    Attach(cmd::exec::AttachArgs),
+    /// Forward one or more local ports to a pod.
+    PortForward(cmd::port_forward::Args),
     /// Set a new size for a deployment, replica set, replication controller, or stateful set.
     Scale(cmd::scale::Args),
     /// Update the labels on a resource.
@@ -59,8 +65,12 @@ enum Cmd {
     Drain(cmd::node::DrainArgs),
     /// Experimental: Wait for a specific condition on one or many resources.
     Wait(cmd::wait::Args),
+    /// Display resource (CPU/memory) usage.
+    Top(cmd::top::Args),
     /// Edit a resource on the server.
     Edit(cmd::edit::Args),
+    /// Get documentation for a resource.
+    Explain(cmd::explain::Args),
     /// Print the supported API resources on the server.
     ApiResources(cmd::api_resources::Args),
     /// Print the client and server version information.
@@ -96,6 +106,9 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Delete(a) => cmd::delete::run(&ctx, a).await,
         Cmd::Describe(a) => cmd::describe::run(&ctx, a).await,
         Cmd::Logs(a) => cmd::logs::run(&ctx, a).await,
+        Cmd::Exec(a) => cmd::exec::run(&ctx, a).await,
+        Cmd::Attach(a) => cmd::exec::attach(&ctx, a).await,
+        Cmd::PortForward(a) => cmd::port_forward::run(&ctx, a).await,
         Cmd::Scale(a) => cmd::scale::run(&ctx, a).await,
         Cmd::Label(a) => cmd::label::run(&ctx, a, "labels", "labeled").await,
         Cmd::Annotate(a) => cmd::label::run(&ctx, a, "annotations", "annotated").await,
@@ -106,6 +119,8 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Drain(a) => cmd::node::drain(&ctx, a).await,
         Cmd::Edit(a) => cmd::edit::run(&ctx, a).await,
         Cmd::Wait(a) => cmd::wait::run(&ctx, a).await,
+        Cmd::Top(a) => cmd::top::run(&ctx, a).await,
+        Cmd::Explain(a) => cmd::explain::run(&ctx, a).await,
         Cmd::ApiResources(a) => cmd::api_resources::run(&ctx, a).await,
         Cmd::Version(a) => cmd::version::run(Some(&ctx), a).await,
         Cmd::ClusterInfo => cmd::version::cluster_info(&ctx).await,

@@ -2,14 +2,19 @@
 //! kubectl can use; a Deployment and a NodePort Service from `../shared/manifests/` run on
 //! both nodes and answer through the Service's cluster IP and node port; a second `up` is a
 //! no-op that says so; `status` and `logs` work; `down --purge` leaves no process, container,
-//! node bridge, Service rule or state behind.
+//! node bridge, Service rule or state behind. `up --etcd` does the same over a real etcd
+//! (Debian's etcd-server) that holds the objects.
+//!
+//! The clusters run on the host (one Service proxy, node names `node-N`), so the tests here
+//! take turns, also with other tests that run `scripts/cluster` (`host_cluster_lock`).
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use e2e::{free_port, kubectl_bin, manifests_dir};
+use e2e::{free_port, host_cluster_lock, kubectl_bin, manifests_dir};
 
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
@@ -43,6 +48,14 @@ fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// One cluster on the host at a time: the tests of this file take turns (the mutex), and
+/// with every other test that runs `scripts/cluster` (the file lock).
+fn host_lock() -> (MutexGuard<'static, ()>, std::fs::File) {
+    static HOST: Mutex<()> = Mutex::new(());
+    let turn = HOST.lock().unwrap_or_else(|e| e.into_inner());
+    (turn, host_cluster_lock())
+}
+
 /// Tears the cluster down even when an assertion fails.
 struct Down<'a>(&'a Path, u16);
 
@@ -54,6 +67,7 @@ impl Drop for Down<'_> {
 
 #[test]
 fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
+    let _host = host_lock();
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("state");
     let port = free_port();
@@ -141,4 +155,78 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
         .unwrap();
     let err = String::from_utf8_lossy(&gone.stderr);
     assert!(!gone.status.success() && err.contains("refused"), "the apiserver is gone after down: {err}");
+}
+
+#[test]
+fn cluster_up_etcd_runs_a_deployment_stored_in_etcd() {
+    let _host = host_lock();
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("state");
+    let port = free_port();
+    let down = Down(&home, port);
+
+    let (ok, out) = cluster(&home, port, &["up", "--etcd"]);
+    assert!(ok, "cluster up --etcd failed:\n{out}");
+    assert!(out.contains("1 node(s) Ready"), "up says what it did:\n{out}");
+    let (ok, out) = cluster(&home, port, &["status"]);
+    assert!(ok && out.contains("etcd: running") && out.contains("ready nodes: node-1"), "status:\n{out}");
+    let etcd_pid: u32 = std::fs::read_to_string(home.join("pids/etcd.pid")).unwrap().trim().parse().unwrap();
+    // The apiserver opened the etcd backend; its endpoint is in the log.
+    let log = cluster(&home, port, &["logs", "apiserver"]).1;
+    let endpoint = log
+        .lines()
+        .find(|l| l.contains("opening storage") && l.contains("Etcd"))
+        .and_then(|l| l.split('"').find(|w| w.starts_with("http://")))
+        .unwrap_or_else(|| panic!("the apiserver did not open etcd:\n{log}"))
+        .to_string();
+
+    let kc = home.join("kubeconfig");
+    let deployment = repo().join("examples/deployment.yaml");
+    let (ok, out) = kubectl(&kc, &["apply", "-f", deployment.to_str().unwrap()]);
+    assert!(ok, "apply:\n{out}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, out) = kubectl(
+            &kc,
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "-o",
+                "jsonpath={range .items[*]}{.status.phase} {.spec.nodeName}{\"\\n\"}{end}",
+            ],
+        );
+        if out.lines().filter(|l| *l == "Running node-1").count() == 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pods not Running:\n{out}\n{}",
+            cluster(&home, port, &["logs", "kubelet"]).1
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (ok, out) = kubectl(&kc, &["rollout", "status", "deployment/web", "--timeout=60s"]);
+    assert!(ok, "rollout status:\n{out}");
+
+    // The objects live in that etcd.
+    let keys = Command::new("etcdctl")
+        .args(["--endpoints", &endpoint, "get", "--prefix", "--keys-only", "/registry/"])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .unwrap_or_else(|e| panic!("etcdctl (Debian's etcd-client, installed by scripts/test) is required: {e}"));
+    let keys = String::from_utf8_lossy(&keys.stdout);
+    assert!(keys.lines().any(|k| k == "/registry/deployments/default/web"), "deployment in etcd:\n{keys}");
+    assert_eq!(
+        keys.lines().filter(|k| k.starts_with("/registry/pods/default/web-")).count(),
+        3,
+        "pods in etcd:\n{keys}"
+    );
+
+    drop(down);
+    assert!(!home.exists(), "down --purge removes the state directory");
+    assert!(!Path::new(&format!("/proc/{etcd_pid}")).exists(), "etcd (pid {etcd_pid}) still runs after down");
+    let left = sh("docker ps -aq --filter label=minik8s.io/node=node-1");
+    assert!(left.trim().is_empty(), "containers of node-1 left behind: {left}");
 }

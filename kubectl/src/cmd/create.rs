@@ -2,7 +2,7 @@
 //! `--force` deletes and re-creates). Also `create namespace NAME`.
 
 use http::Method;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::apply::{manifest_resource, target_namespace, with_namespace, DryRun};
 use crate::client::{with_query, Ctx};
@@ -13,8 +13,40 @@ use crate::merge;
 /// Create a resource from a file or from stdin.
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
-    /// `namespace NAME` (the only generator so far).
+    /// A generator and its NAME: `deployment NAME --image=I`, `service clusterip|nodeport NAME
+    /// --tcp=P[:T]`, `configmap NAME`, `secret generic NAME`, `job NAME --image=I -- CMD`,
+    /// `serviceaccount NAME`, `namespace NAME`.
     pub args: Vec<String>,
+    /// Image(s) for `deployment` (several allowed) and `job`.
+    #[arg(long)]
+    pub image: Vec<String>,
+    /// Number of replicas for `deployment`.
+    #[arg(short = 'r', long)]
+    pub replicas: Option<i64>,
+    /// The containerPort of `deployment`'s first container.
+    #[arg(long)]
+    pub port: Option<i64>,
+    /// Port pairs `port[:targetPort]` for `service`.
+    #[arg(long)]
+    pub tcp: Vec<String>,
+    /// The nodePort of `service nodeport`.
+    #[arg(long)]
+    pub node_port: Option<i64>,
+    /// The clusterIP of `service clusterip` (`None` for a headless service).
+    #[arg(long)]
+    pub clusterip: Option<String>,
+    /// `key=value` for `configmap` and `secret generic`.
+    #[arg(long)]
+    pub from_literal: Vec<String>,
+    /// `[key=]path` for `configmap` and `secret generic`.
+    #[arg(long)]
+    pub from_file: Vec<String>,
+    /// The Secret's type for `secret generic`.
+    #[arg(long = "type")]
+    pub secret_type: Option<String>,
+    /// The command after `--` (`job`, `deployment`).
+    #[arg(last = true)]
+    pub command: Vec<String>,
     /// Filename, directory, or URL to files to use to create the resource.
     #[arg(short = 'f', long = "filename")]
     pub filenames: Vec<String>,
@@ -84,23 +116,7 @@ fn report(lines: Vec<Result<String>>, output: Option<&str>) -> Result<()> {
 pub async fn create(ctx: &Ctx, a: &CreateArgs) -> Result<()> {
     let dry = DryRun::parse(&a.dry_run)?;
     if a.filenames.is_empty() {
-        return match a.args.as_slice() {
-            [kind, name] if matches!(kind.as_str(), "namespace" | "ns") => {
-                let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-                if dry != DryRun::Client {
-                    let q = with_query("/api/v1/namespaces", &[("dryRun", dry.query())]);
-                    ctx.json(
-                        Method::POST,
-                        &q,
-                        Some(("application/json", serde_json::to_vec(&body).unwrap_or_default())),
-                    )
-                    .await?;
-                }
-                println!("namespace/{name} created{}", dry.suffix());
-                Ok(())
-            }
-            _ => Err(KubectlError::msg("must specify one of -f and -k")),
-        };
+        return create_generated(ctx, a, dry).await;
     }
     let mut lines = Vec::new();
     for m in manifest::read_all(&a.filenames, a.recursive)? {
@@ -126,6 +142,56 @@ pub async fn create(ctx: &Ctx, a: &CreateArgs) -> Result<()> {
         lines.push(r);
     }
     report(lines, a.output.as_deref())
+}
+
+/// `kubectl create <generator> NAME …`: the generated object, created (or, with
+/// `--dry-run=client`, only printed).
+async fn create_generated(ctx: &Ctx, a: &CreateArgs, dry: DryRun) -> Result<()> {
+    use super::generate::{for_server, generate, target, GenFlags};
+    let flags = GenFlags {
+        image: a.image.clone(),
+        replicas: a.replicas,
+        port: a.port,
+        tcp: a.tcp.clone(),
+        node_port: a.node_port,
+        clusterip: a.clusterip.clone(),
+        from_literal: a.from_literal.clone(),
+        from_file: a.from_file.clone(),
+        secret_type: a.secret_type.clone(),
+        command: a.command.clone(),
+    };
+    let obj = generate(&a.args, &flags)?;
+    let (prefix, plural, namespaced) = target(&obj);
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default().to_lowercase();
+    let kind_group = match prefix.strip_prefix("/apis/").and_then(|g| g.split('/').next()) {
+        Some(group) => format!("{kind}.{group}"),
+        None => kind,
+    };
+    let printed = if dry == DryRun::Client {
+        obj
+    } else {
+        let path = if namespaced {
+            format!("{prefix}/namespaces/{}/{plural}", ctx.namespace)
+        } else {
+            format!("{prefix}/{plural}")
+        };
+        let q = with_query(&path, &[("fieldManager", "kubectl-create".into()), ("dryRun", dry.query())]);
+        let body = serde_json::to_vec(&for_server(&obj)).unwrap_or_default();
+        ctx.json(Method::POST, &q, Some(("application/json", body))).await?
+    };
+    match a.output.as_deref() {
+        Some("yaml") => print!("{}", crate::print::to_yaml(&printed)),
+        Some("json") => print!("{}", crate::print::to_json(&printed)),
+        Some("name") => println!("{kind_group}/{name}"),
+        None | Some("") => println!("{kind_group}/{name} created{}", dry.suffix()),
+        Some(other) => {
+            return Err(KubectlError::msg(format!(
+                "unable to match a printer suitable for the output format \"{other}\""
+            )));
+        }
+    }
+    Ok(())
 }
 
 pub async fn replace(ctx: &Ctx, a: &ReplaceArgs) -> Result<()> {

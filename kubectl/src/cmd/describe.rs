@@ -3,8 +3,9 @@
 //! Events found with `involvedObject.*` field selectors. Text built by pure functions and
 //! aligned like Go's tabwriter.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
+use super::describe_more;
 use super::get::parse_args;
 use crate::client::{with_query, Ctx};
 use crate::error::{KubectlError, Result};
@@ -27,11 +28,11 @@ pub struct Args {
     pub show_events: bool,
 }
 
-fn s<'a>(v: &'a Value, p: &str) -> &'a str {
+pub(crate) fn s<'a>(v: &'a Value, p: &str) -> &'a str {
     v.pointer(p).and_then(Value::as_str).unwrap_or_default()
 }
 
-fn or_unset(x: &str) -> &str {
+pub(crate) fn or_unset(x: &str) -> &str {
     if x.is_empty() {
         "<unset>"
     } else {
@@ -40,14 +41,14 @@ fn or_unset(x: &str) -> &str {
 }
 
 /// kubectl's describe time format (RFC 1123 with numeric zone).
-fn when(v: &Value, p: &str) -> String {
+pub(crate) fn when(v: &Value, p: &str) -> String {
     match v.pointer(p).and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok()) {
         Some(t) => t.strftime("%a, %d %b %Y %H:%M:%S +0000").to_string(),
         None => "<unknown>".into(),
     }
 }
 
-fn or_none(x: &str) -> &str {
+pub(crate) fn or_none(x: &str) -> &str {
     if x.is_empty() {
         "<none>"
     } else {
@@ -56,7 +57,7 @@ fn or_none(x: &str) -> &str {
 }
 
 /// `Key:\tk=v` with further entries on their own lines, as kubectl prints label maps.
-fn map_lines(out: &mut String, indent: &str, key: &str, m: Option<&Value>, sep: &str) {
+pub(crate) fn map_lines(out: &mut String, indent: &str, key: &str, m: Option<&Value>, sep: &str) {
     let mut kv: Vec<String> = m
         .and_then(Value::as_object)
         .into_iter()
@@ -78,7 +79,7 @@ fn map_lines(out: &mut String, indent: &str, key: &str, m: Option<&Value>, sep: 
     }
 }
 
-fn meta_header(out: &mut String, o: &Value, namespaced: bool) {
+pub(crate) fn meta_header(out: &mut String, o: &Value, namespaced: bool) {
     out.push_str(&format!("Name:\t{}\n", s(o, "/metadata/name")));
     if namespaced {
         out.push_str(&format!("Namespace:\t{}\n", s(o, "/metadata/namespace")));
@@ -303,21 +304,27 @@ pub fn describe_pod(o: &Value) -> String {
         for v in vols {
             out.push_str(&format!("  {}:\n", s(v, "/name")));
             let (ty, desc) = if v.get("emptyDir").is_some() {
-                ("EmptyDir", format!(
-                    "EmptyDir (a temporary directory that shares a pod's lifetime)\n    Medium:\t{}\n    SizeLimit:\t{}",
-                    s(v, "/emptyDir/medium"),
-                    or_unset(s(v, "/emptyDir/sizeLimit"))
-                ))
+                (
+                    "EmptyDir",
+                    format!(
+                        "EmptyDir (a temporary directory that shares a pod's lifetime)\n    Medium:\t{}\n    SizeLimit:\t{}",
+                        s(v, "/emptyDir/medium"),
+                        or_unset(s(v, "/emptyDir/sizeLimit"))
+                    ),
+                )
             } else if let Some(c) = v.get("configMap") {
                 ("ConfigMap", format!("ConfigMap (a volume populated by a ConfigMap)\n    Name:\t{}", s(c, "/name")))
             } else if let Some(c) = v.get("secret") {
                 ("Secret", format!("Secret (a volume populated by a Secret)\n    SecretName:\t{}", s(c, "/secretName")))
             } else if let Some(c) = v.get("persistentVolumeClaim") {
-                ("PVC", format!(
-                    "PersistentVolumeClaim (a reference to a PersistentVolumeClaim in the same namespace)\n    ClaimName:\t{}\n    ReadOnly:\t{}",
-                    s(c, "/claimName"),
-                    c.get("readOnly").and_then(Value::as_bool).unwrap_or(false)
-                ))
+                (
+                    "PVC",
+                    format!(
+                        "PersistentVolumeClaim (a reference to a PersistentVolumeClaim in the same namespace)\n    ClaimName:\t{}\n    ReadOnly:\t{}",
+                        s(c, "/claimName"),
+                        c.get("readOnly").and_then(Value::as_bool).unwrap_or(false)
+                    ),
+                )
             } else if let Some(c) = v.get("hostPath") {
                 ("HostPath", format!("HostPath (bare host directory volume)\n    Path:\t{}", s(c, "/path")))
             } else {
@@ -359,7 +366,7 @@ pub fn describe_pod(o: &Value) -> String {
     out
 }
 
-fn template(out: &mut String, t: Option<&Value>) {
+pub(crate) fn template(out: &mut String, t: Option<&Value>) {
     let Some(t) = t else { return };
     out.push_str("Pod Template:\n");
     map_lines(out, "  ", "Labels", t.pointer("/metadata/labels"), "=");
@@ -380,7 +387,7 @@ fn template(out: &mut String, t: Option<&Value>) {
     out.push_str("  Tolerations:\t<none>\n");
 }
 
-fn selector_string(o: &Value) -> String {
+pub(crate) fn selector_string(o: &Value) -> String {
     let m = o.pointer("/spec/selector/matchLabels").or_else(|| o.pointer("/spec/selector"));
     let s = crate::print::labels_string(m);
     s
@@ -697,7 +704,66 @@ pub fn describe_text(res: &ApiRes, o: &Value, extra: Option<&Value>) -> String {
         ("apps", "deployments") => describe_deployment(o),
         ("apps", "replicasets") => describe_replicaset(o),
         ("", "namespaces") => describe_namespace(o),
+        ("apps", "statefulsets") => describe_more::describe_statefulset(o, extra),
+        ("apps", "daemonsets") => describe_more::describe_daemonset(o, extra),
+        ("batch", "jobs") => describe_more::describe_job(o),
+        ("batch", "cronjobs") => describe_more::describe_cronjob(o),
+        ("", "configmaps") => describe_more::describe_configmap(o),
+        ("", "secrets") => describe_more::describe_secret(o),
+        ("networking.k8s.io", "ingresses") => describe_more::describe_ingress(o, extra),
+        ("", "persistentvolumeclaims") => describe_more::describe_pvc(o, extra),
+        ("", "persistentvolumes") => describe_more::describe_pv(o),
         _ => describe_generic(o, res.namespaced),
+    }
+}
+
+/// What a describer needs besides the object: a Service's Endpoints, the pods of a
+/// StatefulSet or DaemonSet, the pods using a claim, an Ingress's backends' endpoints.
+async fn extra_for(ctx: &Ctx, res: &ApiRes, o: &Value) -> Option<Value> {
+    let ns = s(o, "/metadata/namespace");
+    let name = s(o, "/metadata/name");
+    let pods = || async {
+        ctx.get(&format!("/api/v1/namespaces/{ns}/pods"))
+            .await
+            .ok()
+            .and_then(|l| l.get("items").cloned())
+            .unwrap_or(json!([]))
+    };
+    match (res.group.as_str(), res.plural.as_str()) {
+        ("", "services") => ctx.get(&format!("/api/v1/namespaces/{ns}/endpoints/{name}")).await.ok(),
+        ("apps", "statefulsets") | ("apps", "daemonsets") => Some(json!({"pods": pods().await})),
+        ("", "persistentvolumeclaims") => {
+            let all = pods().await;
+            let users: Vec<&str> =
+                all.as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|p| {
+                        p.pointer("/spec/volumes").and_then(Value::as_array).into_iter().flatten().any(|v| {
+                            v.pointer("/persistentVolumeClaim/claimName").and_then(Value::as_str) == Some(name)
+                        })
+                    })
+                    .filter_map(|p| p.pointer("/metadata/name").and_then(Value::as_str))
+                    .collect();
+            Some(json!({"usedBy": users}))
+        }
+        ("networking.k8s.io", "ingresses") => {
+            let mut backends = serde_json::Map::new();
+            for b in describe_more::ingress_backends(o) {
+                let Some(svc_name) = b.pointer("/service/name").and_then(Value::as_str) else { continue };
+                let text = match ctx.get(&format!("/api/v1/namespaces/{ns}/services/{svc_name}")).await {
+                    Ok(svc) => {
+                        let eps = ctx.get(&format!("/api/v1/namespaces/{ns}/endpoints/{svc_name}")).await.ok();
+                        describe_more::backend_endpoints(&svc, eps.as_ref(), &b)
+                    }
+                    Err(e) if e.is_not_found() => format!("<error: services \"{svc_name}\" not found>"),
+                    Err(e) => format!("<error: {e}>"),
+                };
+                backends.insert(describe_more::backend_key(&b), json!(text));
+            }
+            Some(json!({"backends": backends}))
+        }
+        _ => None,
     }
 }
 
@@ -758,14 +824,10 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
         }
         for o in objs {
             let o = super::get::with_type_meta(o, &res);
-            let extra = if res.plural == "services" && res.group.is_empty() {
-                let ns = s(&o, "/metadata/namespace");
-                ctx.get(&format!("/api/v1/namespaces/{ns}/endpoints/{}", s(&o, "/metadata/name"))).await.ok()
-            } else {
-                None
-            };
+            let extra = extra_for(ctx, &res, &o).await;
             let mut text = describe_text(&res, &o, extra.as_ref());
-            if a.show_events && !(res.group.is_empty() && res.plural == "namespaces") {
+            // (kubectl's secret and namespace describers print no events)
+            if a.show_events && !(res.group.is_empty() && matches!(res.plural.as_str(), "namespaces" | "secrets")) {
                 let evs = events_for(ctx, &o, &res).await.unwrap_or_default();
                 text.push_str(&events_section(&evs));
             }

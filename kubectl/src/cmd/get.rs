@@ -3,7 +3,7 @@
 
 use futures::{AsyncBufReadExt, StreamExt};
 use http::Method;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::client::{with_query, Ctx};
 use crate::error::{KubectlError, Result};
@@ -171,7 +171,10 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
     }
     if a.watch || a.watch_only {
         let (res, names) = typed.first().ok_or_else(|| KubectlError::msg("nothing to watch"))?;
-        watch(ctx, a, &output, res, names, ns).await?;
+        // As kubectl: the header is printed with the first watch row unless the listing
+        // already printed it.
+        let printed_header = !a.watch_only && fetched.iter().flat_map(|f| &f.tables).map(row_count).sum::<usize>() > 0;
+        watch(ctx, a, &output, res, names, ns, printed_header).await?;
     }
     if errors.is_empty() {
         Ok(())
@@ -288,7 +291,15 @@ fn print_fetched(
     Ok(())
 }
 
-async fn watch(ctx: &Ctx, a: &Args, output: &Output, res: &ApiRes, names: &[String], ns: Option<&str>) -> Result<()> {
+async fn watch(
+    ctx: &Ctx,
+    a: &Args,
+    output: &Output,
+    res: &ApiRes,
+    names: &[String],
+    ns: Option<&str>,
+    printed_header: bool,
+) -> Result<()> {
     let mut field_selector = a.field_selector.clone().unwrap_or_default();
     if let [name] = names {
         field_selector = format!("metadata.name={name}");
@@ -307,7 +318,10 @@ async fn watch(ctx: &Ctx, a: &Args, output: &Output, res: &ApiRes, names: &[Stri
             ("fieldSelector", field_selector),
         ],
     );
-    let mut lines = ctx.stream(&path).await?.lines();
+    let tables = matches!(output, Output::Table | Output::Wide);
+    let accept = if tables { TABLE_ACCEPT } else { "application/json" };
+    let mut lines = ctx.stream_accept(&path, accept).await?.lines();
+    let mut state = WatchTables { columns: None, printed_header: printed_header || a.no_headers };
     while let Some(line) = lines.next().await {
         let line = line.map_err(|e| KubectlError::msg(format!("watch: {e}")))?;
         let Ok(ev) = serde_json::from_str::<Value>(&line) else { continue };
@@ -319,37 +333,62 @@ async fn watch(ctx: &Ctx, a: &Args, output: &Output, res: &ApiRes, names: &[Stri
             let msg = ev.pointer("/object/message").and_then(Value::as_str).unwrap_or("watch error");
             return Err(KubectlError::msg(msg.to_string()));
         }
-        let obj = with_type_meta(ev.get("object").cloned().unwrap_or(Value::Null), res);
-        let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
-        let obj_ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).map(String::from);
-        match output {
-            Output::Table | Output::Wide => {
-                let t = match fetch(ctx, &res.object_path(obj_ns.as_deref(), &name), TABLE_ACCEPT).await {
-                    Ok(t) if t.get("kind").and_then(Value::as_str) == Some("Table") => t,
-                    _ => table::fallback_table(&[obj.clone()]),
-                };
-                let opts = table::TableOpts {
-                    wide: *output == Output::Wide,
-                    with_namespace: ns.is_none() && res.namespaced,
-                    show_labels: a.show_labels,
-                    no_headers: true,
-                    name_prefix: None,
-                };
-                print!("{}", table::align(&table::table_rows(&t, &opts)));
-            }
-            Output::Json => print!("{}", print::to_json(&obj)),
-            Output::Yaml => print!("---\n{}", print::to_yaml(&obj)),
-            Output::Name => println!("{}/{name}", res.kind_group()),
-            Output::JsonPath(t) => print!("{}", jsonpath::render(t, &obj).map_err(KubectlError::msg)?),
-            Output::CustomColumns(spec) => {
-                let cols = columns::parse_spec(spec).map_err(KubectlError::msg)?;
-                print!("{}", table::align(&columns::rows(&cols, &[obj], true).map_err(KubectlError::msg)?));
+        let obj = ev.get("object").cloned().unwrap_or(Value::Null);
+        if tables {
+            let t = if obj.get("kind").and_then(Value::as_str) == Some("Table") {
+                obj
+            } else {
+                table::fallback_table(&[with_type_meta(obj, res)])
+            };
+            let opts = table::TableOpts {
+                wide: *output == Output::Wide,
+                with_namespace: ns.is_none() && res.namespaced,
+                show_labels: a.show_labels,
+                no_headers: false,
+                name_prefix: None,
+            };
+            print!("{}", state.event_text(t, &opts));
+        } else {
+            let obj = with_type_meta(obj, res);
+            let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+            match output {
+                Output::Json => print!("{}", print::to_json(&obj)),
+                Output::Yaml => print!("---\n{}", print::to_yaml(&obj)),
+                Output::Name => println!("{}/{name}", res.kind_group()),
+                Output::JsonPath(t) => print!("{}", jsonpath::render(t, &obj).map_err(KubectlError::msg)?),
+                Output::CustomColumns(spec) => {
+                    let cols = columns::parse_spec(spec).map_err(KubectlError::msg)?;
+                    print!("{}", table::align(&columns::rows(&cols, &[obj], true).map_err(KubectlError::msg)?));
+                }
+                Output::Table | Output::Wide => {}
             }
         }
         use std::io::Write;
         let _ = std::io::stdout().flush();
     }
     Ok(())
+}
+
+/// Watch events as Tables: the server sends the column definitions only with the first
+/// event (later ones reuse them); the header is printed once, with the first row.
+struct WatchTables {
+    columns: Option<Value>,
+    printed_header: bool,
+}
+
+impl WatchTables {
+    fn event_text(&mut self, mut t: Value, opts: &table::TableOpts) -> String {
+        match t.get("columnDefinitions").and_then(Value::as_array) {
+            Some(c) if !c.is_empty() => self.columns = Some(Value::Array(c.clone())),
+            _ => t["columnDefinitions"] = self.columns.clone().unwrap_or(json!([])),
+        }
+        let opts = table::TableOpts { no_headers: self.printed_header, ..opts.clone() };
+        let rows = table::table_rows(&t, &opts);
+        if row_count(&t) > 0 {
+            self.printed_header = true;
+        }
+        table::align(&rows)
+    }
 }
 
 #[cfg(test)]
@@ -379,6 +418,25 @@ mod tests {
         );
         assert!(parse_args(&[]).is_err());
         assert!(parse_args(&s(&["po", "svc/b"])).is_err());
+    }
+
+    #[test]
+    fn watch_tables_reuse_the_first_columns() {
+        let cols = json!([{"name": "Name", "type": "string", "format": "name", "priority": 0},
+            {"name": "Status", "type": "string", "priority": 0}, {"name": "IP", "type": "string", "priority": 1}]);
+        let ev = |name: &str, status: &str, with_cols: bool| {
+            json!({"kind": "Table", "columnDefinitions": if with_cols { cols.clone() } else { Value::Null },
+                "rows": [{"cells": [name, status, "10.0.0.1"], "object": {"metadata": {"name": name}}}]})
+        };
+        let mut w = WatchTables { columns: None, printed_header: false };
+        let opts = table::TableOpts::default();
+        assert_eq!(w.event_text(ev("p1", "Pending", true), &opts), "NAME   STATUS\np1     Pending\n");
+        assert_eq!(w.event_text(ev("p1", "Running", false), &opts), "p1    Running\n");
+        let wide = table::TableOpts { wide: true, ..Default::default() };
+        assert_eq!(w.event_text(ev("p2", "Running", false), &wide), "p2    Running   10.0.0.1\n");
+        // After a non-empty listing the header is not repeated.
+        let mut w = WatchTables { columns: None, printed_header: true };
+        assert_eq!(w.event_text(ev("p1", "Pending", true), &opts), "p1    Pending\n");
     }
 
     #[test]

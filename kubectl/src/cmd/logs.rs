@@ -32,6 +32,9 @@ pub struct Args {
     /// Get all containers' logs in the pod(s).
     #[arg(long)]
     pub all_containers: bool,
+    /// Maximum bytes of logs to return. Defaults to no limit.
+    #[arg(long, default_value_t = 0)]
+    pub limit_bytes: i64,
 }
 
 /// The label selector that finds the pods of a workload object. Pure.
@@ -43,6 +46,20 @@ pub fn pod_selector(obj: &Value) -> Option<String> {
     let mut kv: Vec<String> = labels.iter().filter_map(|(k, v)| v.as_str().map(|v| format!("{k}={v}"))).collect();
     kv.sort();
     (!kv.is_empty()).then(|| kv.join(","))
+}
+
+/// kubectl's client-side check that a pod has the named (init, ephemeral) container. Pure.
+pub fn check_container(pod: &Value, pod_name: &str, container: &str) -> Result<()> {
+    let found = ["/spec/containers", "/spec/initContainers", "/spec/ephemeralContainers"].iter().any(|p| {
+        pod.pointer(p)
+            .and_then(Value::as_array)
+            .is_some_and(|cs| cs.iter().any(|c| c.get("name").and_then(Value::as_str) == Some(container)))
+    });
+    if found {
+        Ok(())
+    } else {
+        Err(KubectlError::msg(format!("container {container} is not valid for pod {pod_name}")))
+    }
 }
 
 /// The log query for the flags. Pure.
@@ -60,6 +77,7 @@ pub fn log_path(ns: &str, pod: &str, container: Option<&str>, a: &Args) -> Resul
             ("previous", if a.previous { "true".into() } else { String::new() }),
             ("timestamps", if a.timestamps { "true".into() } else { String::new() }),
             ("sinceSeconds", since),
+            ("limitBytes", if a.limit_bytes > 0 { a.limit_bytes.to_string() } else { String::new() }),
         ],
     ))
 }
@@ -89,6 +107,18 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
         }
     };
     let container = a.container.clone().or_else(|| a.args.get(1).cloned());
+    // As kubectl: the pod is read first (its words for a missing pod), and a named
+    // container is checked against it before asking for logs.
+    let p = ctx.get(&format!("/api/v1/namespaces/{ns}/pods/{pod}")).await.map_err(|e| {
+        if e.is_not_found() {
+            KubectlError::msg(format!("error from server (NotFound): pods \"{pod}\" not found in namespace \"{ns}\""))
+        } else {
+            e
+        }
+    })?;
+    if let Some(c) = &container {
+        check_container(&p, &pod, c)?;
+    }
     let containers: Vec<Option<String>> = if a.all_containers {
         let p = ctx.get(&format!("/api/v1/namespaces/{ns}/pods/{pod}")).await?;
         p.pointer("/spec/containers")
@@ -124,6 +154,13 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn unknown_containers_are_refused() {
+        let p = json!({"spec": {"containers": [{"name": "a"}], "initContainers": [{"name": "i"}]}});
+        assert!(check_container(&p, "p", "a").is_ok() && check_container(&p, "p", "i").is_ok());
+        assert_eq!(check_container(&p, "p", "x").unwrap_err().to_string(), "error: container x is not valid for pod p");
+    }
+
+    #[test]
     fn selectors_and_paths() {
         let d = json!({"spec": {"selector": {"matchLabels": {"b": "2", "a": "1"}}}});
         assert_eq!(pod_selector(&d).as_deref(), Some("a=1,b=2"));
@@ -136,6 +173,7 @@ mod tests {
             timestamps: false,
             since: None,
             all_containers: false,
+            limit_bytes: 0,
         };
         assert_eq!(
             log_path("ns", "p", Some("c"), &a).unwrap(),

@@ -104,6 +104,26 @@ pub fn drain_filter(pod: &Value, a: &DrainArgs) -> Option<std::result::Result<St
     None
 }
 
+/// kubectl's aggregate of the pods a drain refuses: one `cannot delete <reason>: <pods>`
+/// per reason (its reasons already start with "cannot delete", so the words repeat, as
+/// kubectl prints them), several in brackets. Pure.
+pub fn drain_errors(errors: &[String]) -> String {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for e in errors {
+        let (reason, pod) = e.rsplit_once(": ").unwrap_or((e.as_str(), ""));
+        match groups.iter_mut().find(|(r, _)| r == reason) {
+            Some((_, pods)) => pods.push(pod.to_string()),
+            None => groups.push((reason.to_string(), vec![pod.to_string()])),
+        }
+    }
+    let msgs: Vec<String> = groups.iter().map(|(r, pods)| format!("cannot delete {r}: {}", pods.join(", "))).collect();
+    if msgs.len() == 1 {
+        msgs[0].clone()
+    } else {
+        format!("[{}]", msgs.join(", "))
+    }
+}
+
 pub async fn drain(ctx: &Ctx, a: &DrainArgs) -> Result<()> {
     set_unschedulable(ctx, &a.node, true, false).await?;
     let pods = ctx
@@ -127,16 +147,38 @@ pub async fn drain(ctx: &Ctx, a: &DrainArgs) -> Result<()> {
         }
     }
     if !errors.is_empty() {
-        eprintln!(
-            "error: unable to drain node {:?} due to error: [{}], continuing command...",
-            a.node,
-            errors.join(", ")
-        );
+        let agg = drain_errors(&errors);
+        eprintln!("error: unable to drain node {:?} due to error: {agg}, continuing command...", a.node);
         eprintln!("There are pending nodes to be drained:\n {}", a.node);
+        eprintln!("{agg}");
         return Err(KubectlError::Reported);
     }
+    // With --force, kubectl names the pods without a controller it is about to delete.
+    let unmanaged: Vec<String> = evict
+        .iter()
+        .filter(|p| {
+            !p.pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .is_some_and(|os| os.iter().any(|o| o.get("controller").and_then(Value::as_bool) == Some(true)))
+        })
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default(),
+                p.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default()
+            )
+        })
+        .collect();
+    // One warning line, its parts joined by "; ", as kubectl prints it.
+    let mut warnings = Vec::new();
     if !ignored.is_empty() {
-        eprintln!("Warning: ignoring DaemonSet-managed Pods: {}", ignored.join(", "));
+        warnings.push(format!("ignoring DaemonSet-managed Pods: {}", ignored.join(", ")));
+    }
+    if !unmanaged.is_empty() {
+        warnings.push(format!("deleting Pods that declare no controller: {}", unmanaged.join(", ")));
+    }
+    if !warnings.is_empty() {
+        eprintln!("Warning: {}", warnings.join("; "));
     }
     let timeout = super::delete::parse_duration(&a.timeout)?;
     let timeout = (!timeout.is_zero()).then_some(timeout);
@@ -157,4 +199,23 @@ pub async fn drain(ctx: &Ctx, a: &DrainArgs) -> Result<()> {
     }
     println!("node/{} drained", a.node);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drain_errors_group_by_reason() {
+        let one = "cannot delete Pods that declare no controller (use --force to override)";
+        assert_eq!(
+            drain_errors(&[format!("{one}: default/a"), format!("{one}: default/b")]),
+            format!("cannot delete {one}: default/a, default/b")
+        );
+        let two = "cannot delete Pods with local storage (use --delete-emptydir-data to override)";
+        assert_eq!(
+            drain_errors(&[format!("{one}: default/a"), format!("{two}: default/c")]),
+            format!("[cannot delete {one}: default/a, cannot delete {two}: default/c]")
+        );
+    }
 }

@@ -1,0 +1,279 @@
+//! A cluster across machines, on one host: `scripts/cluster up --role server` serves the API
+//! on every address behind a token and prints a join command; that command, run from a
+//! second state directory with this host's non-loopback address, adds a node that becomes
+//! Ready (InternalIP = that address) and runs a scheduled pod whose log comes back through
+//! the apiserver. Without the token, or with a wrong one, the official kubectl gets
+//! Kubernetes' 401 `Status`; the health endpoints stay open; the token kubeconfig works with
+//! our kubectl (the official one sends no token over plain HTTP, so on the server host it
+//! uses the loopback listener). `down` on both leaves no process, container, bridge or
+//! Service rule behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use e2e::kubectl::our_kubectl;
+use e2e::{free_port, host_cluster_lock, kubectl_bin, raw};
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn cluster(home: &Path, port: u16, args: &[&str]) -> (bool, String) {
+    let out = Command::new(repo().join("scripts/cluster"))
+        .args(args)
+        .env("MINIK8S_HOME", home)
+        .env("MINIK8S_PROFILE", "debug")
+        .env("MINIK8S_PORT", port.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run scripts/cluster: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn kubectl(args: &[&str]) -> (bool, String) {
+    run(&kubectl_bin(), args)
+}
+
+fn run(bin: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin).args(args).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The pids a state directory's components run as.
+fn pids(home: &Path) -> Vec<(String, u32)> {
+    let Ok(dir) = std::fs::read_dir(home.join("pids")) else { return vec![] };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().trim_end_matches(".pid").to_string();
+            let pid = std::fs::read_to_string(e.path()).ok()?.trim().parse().ok()?;
+            Some((name, pid))
+        })
+        .collect()
+}
+
+/// Tears a state directory down even when an assertion fails.
+struct Down(PathBuf, u16);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = cluster(&self.0, self.1, &["down", "--purge"]);
+    }
+}
+
+/// The kubelet's bridge name for a node (as kubelet/src/network.rs and scripts/cluster).
+fn bridge_name(node: &str) -> String {
+    let mut h: u32 = 0x811c9dc5;
+    for b in node.bytes() {
+        h = (h ^ b as u32).wrapping_mul(0x01000193);
+    }
+    format!("mk8s{h:08x}")
+}
+
+fn hostname() -> String {
+    sh("hostname").trim().to_string()
+}
+
+#[test]
+fn server_and_joined_node_with_token_authentication() {
+    let _host = host_cluster_lock();
+    let tmp = tempfile::tempdir().unwrap();
+    let server_home = tmp.path().join("server");
+    let agent_home = tmp.path().join("agent");
+    let port = free_port();
+    // Declared first so it is dropped last: the server outlives the joined node.
+    let server_down = Down(server_home.clone(), port);
+    let server_node = hostname();
+
+    let (ok, out) = cluster(&server_home, port, &["up", "--role", "server"]);
+    assert!(ok, "up --role server failed:\n{out}");
+    // The printed join command carries this host's address and the token.
+    let join_line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("scripts/cluster join "))
+        .unwrap_or_else(|| panic!("no join command printed:\n{out}"));
+    let words: Vec<&str> = join_line.split_whitespace().collect();
+    let arg = |flag: &str| {
+        let i = words.iter().position(|w| *w == flag).unwrap_or_else(|| panic!("{flag} missing in {join_line:?}"));
+        words.get(i + 1).copied().unwrap_or_else(|| panic!("{flag} has no value in {join_line:?}")).to_string()
+    };
+    let (server, token) = (arg("--server"), arg("--token"));
+    let host_ip = server
+        .strip_prefix("http://")
+        .and_then(|h| h.rsplit_once(':'))
+        .map(|(h, p)| {
+            assert_eq!(p, port.to_string(), "the join URL has the apiserver's port");
+            h.to_string()
+        })
+        .unwrap_or_else(|| panic!("join --server {server:?} is not http://IP:PORT"));
+    assert!(host_ip.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| !ip.is_loopback()), "non-loopback: {host_ip}");
+    assert!(token.len() >= 32, "a random token: {token:?}");
+    let (ok, out) = cluster(&server_home, port, &["up", "--role", "server"]);
+    assert!(ok && out.contains("already up") && out.contains(join_line.trim()), "a second up repeats the join:\n{out}");
+    let tokens = std::fs::read_to_string(server_home.join("tokens.csv")).unwrap();
+    assert!(tokens.starts_with(&format!("{token},")), "the token file lists the token: {tokens:?}");
+
+    // On the server host the official kubectl uses the loopback listener.
+    let kc = server_home.join("kubeconfig");
+    let kc_arg = format!("--kubeconfig={}", kc.display());
+    let (ok, out) = kubectl(&[&kc_arg, "get", "nodes", "-o", "name"]);
+    assert!(ok && out.contains(&format!("node/{server_node}")), "the server's node is named after the host:\n{out}");
+    // The kubeconfig for other machines carries the token and the host's address: our
+    // kubectl (a kube client, like every component) is let in; the official kubectl, which
+    // drops tokens on plain HTTP, is not.
+    let remote = server_home.join("remote.kubeconfig");
+    let remote_text = std::fs::read_to_string(&remote).unwrap();
+    assert!(remote_text.contains(&server) && remote_text.contains(&token), "remote kubeconfig:\n{remote_text}");
+    let remote_arg = format!("--kubeconfig={}", remote.display());
+    let (ok, out) = run(&our_kubectl(), &[&remote_arg, "get", "nodes", "-o", "name"]);
+    assert!(ok && out.contains(&format!("node/{server_node}")), "our kubectl with the token:\n{out}");
+    let wrong = tmp.path().join("wrong.kubeconfig");
+    std::fs::write(&wrong, remote_text.replace(&token, "not-the-token")).unwrap();
+    let (ok, out) = run(&our_kubectl(), &[&format!("--kubeconfig={}", wrong.display()), "get", "nodes"]);
+    assert!(!ok && out.contains("Unauthorized"), "our kubectl with a wrong token:\n{out}");
+    let (ok, out) = kubectl(&[&remote_arg, "get", "nodes"]);
+    assert!(!ok && out.contains("error: You must be logged in to the server"), "official kubectl, plain HTTP:\n{out}");
+
+    // No token, or a wrong one: the official kubectl is told it is not logged in; it decodes
+    // the answer as Kubernetes' Status (client-go prints its message, `Unauthorized`).
+    let empty = tmp.path().join("empty-kubeconfig");
+    std::fs::write(&empty, "apiVersion: v1\nkind: Config\n").unwrap();
+    let empty_arg = format!("--kubeconfig={}", empty.display());
+    for extra in [&[][..], &["--token", "not-the-token"][..]] {
+        let mut args = vec![empty_arg.as_str(), "--server", server.as_str()];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["get", "--raw", "/api/v1/namespaces"]);
+        let (ok, out) = kubectl(&args);
+        assert!(
+            !ok && out.contains("error: You must be logged in to the server (Unauthorized)"),
+            "kubectl {extra:?}:\n{out}"
+        );
+        args.truncate(args.len() - 3);
+        args.extend_from_slice(&["get", "pods"]);
+        let (ok, out) = kubectl(&args);
+        assert!(!ok && out.contains("error: You must be logged in to the server"), "kubectl {extra:?}:\n{out}");
+    }
+    // The response itself is Kubernetes' Status; health stays open without credentials.
+    let resp = raw(port, "GET", "/api/v1/namespaces", None, b"").unwrap();
+    assert_eq!(resp.status, 401);
+    assert_eq!(
+        resp.json(),
+        serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                           "message": "Unauthorized", "reason": "Unauthorized", "code": 401})
+    );
+    for path in ["/readyz", "/livez", "/healthz", "/version"] {
+        assert_eq!(raw(port, "GET", path, None, b"").unwrap().status, 200, "{path} without a token");
+    }
+
+    // Join a second node from another state directory, exactly as printed (plus a name and
+    // no second Service proxy on a host that already has one).
+    let agent_down = Down(agent_home.clone(), port);
+    let joined = format!("joined-{port}");
+    let (ok, out) =
+        cluster(&agent_home, port, &["join", "--server", &server, "--token", "bad", "--node-name", &joined]);
+    assert!(!ok && out.contains("refused the token (401 Unauthorized)"), "join with a wrong token:\n{out}");
+    let mut join: Vec<&str> = words[1..].to_vec();
+    join.extend_from_slice(&["--node-name", &joined, "--no-kubeproxy"]);
+    let (ok, out) = cluster(&agent_home, port, &join);
+    assert!(ok, "join failed:\n{out}");
+    assert!(out.contains(&format!("node {joined} joined {server} and is Ready")), "join says so:\n{out}");
+    let (ok, out) = cluster(&agent_home, port, &join);
+    assert!(ok && out.contains("already runs node"), "a second join is a no-op:\n{out}");
+    let (ok, out) = cluster(&agent_home, port, &["status"]);
+    assert!(ok && out.contains(&format!("kubelet-{joined}: running")) && out.contains(&joined), "status:\n{out}");
+
+    let (_, out) = kubectl(&[
+        &kc_arg,
+        "get",
+        "node",
+        &joined,
+        "-o",
+        "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+    ]);
+    assert_eq!(out.trim(), host_ip, "the joined node's InternalIP is the --node-ip");
+
+    // A pod scheduled onto the joined node runs, and its log comes back through the
+    // apiserver (which reaches the kubelet at the node's address).
+    let pod = format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"on-joined"}},
+           "spec":{{"nodeSelector":{{"kubernetes.io/hostname":"{joined}"}},"terminationGracePeriodSeconds":1,
+           "containers":[{{"name":"c","image":"busybox:latest","imagePullPolicy":"IfNotPresent",
+           "command":["sh","-c","echo hello from $(hostname); exec sleep 3600"]}}]}}}}"#
+    );
+    let manifest = tmp.path().join("pod.json");
+    std::fs::write(&manifest, pod).unwrap();
+    let (ok, out) = kubectl(&[&kc_arg, "apply", "-f", manifest.to_str().unwrap()]);
+    assert!(ok, "apply:\n{out}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, out) =
+            kubectl(&[&kc_arg, "get", "pod", "on-joined", "-o", "jsonpath={.status.phase} {.spec.nodeName}"]);
+        if out.trim() == format!("Running {joined}") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pod not Running on {joined}: {out}\n{}",
+            cluster(&agent_home, port, &["logs", "kubelet"]).1
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, out) = kubectl(&[&kc_arg, "logs", "on-joined"]);
+        if ok && out.contains("hello from on-joined") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "logs through the apiserver:\n{out}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let containers = sh(&format!("docker ps -q --filter label=minik8s.io/node={joined}"));
+    assert!(!containers.trim().is_empty(), "the pod runs in Docker under the joined node");
+
+    // The joined node goes away cleanly and leaves the server's Service rules alone.
+    let agent_pids = pids(&agent_home);
+    assert!(agent_pids.iter().any(|(n, _)| n == &format!("kubelet-{joined}")), "{agent_pids:?}");
+    assert!(!agent_pids.iter().any(|(n, _)| n == "kubeproxy"), "--no-kubeproxy: {agent_pids:?}");
+    // The server's kubeproxy keeps the host's Service rules (re-synced within its 30 s period).
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !sh("iptables-save").contains("-A KUBE-SERVICES") {
+        assert!(Instant::now() < deadline, "the server's kubeproxy wrote no Service rules");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(agent_down);
+    assert!(!agent_home.exists(), "down --purge removes the joined node's state");
+    for (name, pid) in &agent_pids {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{name} (pid {pid}) still runs after down");
+    }
+    let left = sh(&format!("docker ps -aq --filter label=minik8s.io/node={joined}"));
+    assert!(left.trim().is_empty(), "containers of {joined} left behind: {left}");
+    assert!(!sh("ip -o link show").contains(&bridge_name(&joined)), "the joined node's bridge is removed");
+    assert!(
+        sh("iptables-save").contains("-A KUBE-SERVICES"),
+        "the joined node's down leaves the server's Service rules"
+    );
+    let (ok, out) = kubectl(&[&kc_arg, "get", "nodes", "-o", "name"]);
+    assert!(ok && out.contains(&server_node), "the server keeps running:\n{out}");
+
+    let server_pids = pids(&server_home);
+    for c in ["apiserver", "scheduler", "controller-manager", "kubeproxy"] {
+        assert!(server_pids.iter().any(|(n, _)| n == c), "{c} ran on the server: {server_pids:?}");
+    }
+    drop(server_down);
+    assert!(!server_home.exists(), "down --purge removes the server's state");
+    for (name, pid) in &server_pids {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{name} (pid {pid}) still runs after down");
+    }
+    let left = sh(&format!("docker ps -aq --filter label=minik8s.io/node={server_node}"));
+    assert!(left.trim().is_empty(), "containers of {server_node} left behind: {left}");
+    assert!(!sh("ip -o link show").contains(&bridge_name(&server_node)), "the server node's bridge is removed");
+    assert!(!sh("iptables-save").contains("KUBE-SVC-"), "Service rules left behind");
+    let (ok, out) = kubectl(&[&empty_arg, "--server", &server, "get", "nodes", "--request-timeout=2s"]);
+    assert!(!ok && out.contains("refused"), "the apiserver is gone after down: {out}");
+}

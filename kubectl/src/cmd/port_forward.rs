@@ -282,13 +282,18 @@ async fn forward_connection(
             None => std::future::pending().await,
         }
     };
-    tokio::select! {
-        r = copy => { r.map_err(|e| KubectlError::msg(e.to_string()))?; }
-        Some(msg) = err => {
-            return Err(KubectlError::msg(msg));
-        }
-    }
+    let mut err = std::pin::pin!(err);
+    let copied = tokio::select! {
+        r = copy => r,
+        Some(msg) = &mut err => return Err(KubectlError::msg(msg)),
+    };
     drop(upstream);
+    // The kubelet closes the data stream right after writing the error (a refused port), so
+    // the copy can finish first: the error, if one comes, is what the user needs to see.
+    if let Ok(Some(msg)) = tokio::time::timeout(std::time::Duration::from_secs(1), &mut err).await {
+        return Err(KubectlError::msg(msg));
+    }
+    copied.map_err(|e| KubectlError::msg(e.to_string()))?;
     let _ = pf.join().await;
     Ok(())
 }

@@ -173,6 +173,28 @@ pub fn node_containers(node: &str) -> Vec<(String, String, String)> {
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// An apiserver with one kubelet on Docker: the set-up of the node-level suites. The kubelet
+/// (and its pods' containers) goes first when it drops.
+pub struct Node {
+    pub kubelet: Kubelet,
+    pub client: kube::Client,
+    pub api: crate::ApiServer,
+}
+
+impl Node {
+    /// `None` when Docker is missing outside CI (`require_docker`; under `CI=true` that fails).
+    /// `prefix` names the node, so suites running at once do not share one.
+    pub fn start(prefix: &str) -> Result<Option<Node>> {
+        if !require_docker() {
+            return Ok(None);
+        }
+        let api = crate::ApiServer::start()?;
+        let kubelet = Kubelet::start(&api.url(), prefix)?;
+        let client = api.client()?;
+        Ok(Some(Node { kubelet, client, api }))
+    }
+}
+
 /// A running kubelet process for one node; on drop it is killed and its node's containers,
 /// bridge and files are removed.
 pub struct Kubelet {

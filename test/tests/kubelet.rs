@@ -6,29 +6,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Result};
-use e2e::kubelet::{node_containers, require_docker, Kubelet};
-use e2e::ApiServer;
+use e2e::kubelet::{node_containers, Kubelet, Node as Env};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::Client;
 use serde_json::{json, Value};
-
-struct Env {
-    api: ApiServer,
-    kubelet: Kubelet,
-    client: Client,
-}
-
-fn setup(prefix: &str) -> Result<Option<Env>> {
-    if !require_docker() {
-        return Ok(None);
-    }
-    let api = ApiServer::start()?;
-    let kubelet = Kubelet::start(&api.url(), prefix)?;
-    let client = api.client()?;
-    Ok(Some(Env { api, kubelet, client }))
-}
 
 fn pod_json(name: &str, node: &str, spec: Value) -> Result<Pod> {
     let mut spec = spec;
@@ -103,7 +85,7 @@ fn running_ready(p: &Pod) -> bool {
 /// traffic between containers; then Node, Lease, logs and deletion.
 #[tokio::test(flavor = "multi_thread")]
 async fn shared_pod_manifest_runs_two_of_two_ready() -> Result<()> {
-    let Some(env) = setup("kl-shared")? else { return Ok(()) };
+    let Some(env) = Env::start("kl-shared")? else { return Ok(()) };
     let manifest = std::fs::read_to_string(e2e::manifests_dir().join("01-pod.yaml"))?;
     let manifest = manifest.replacen("spec:\n", &format!("spec:\n  nodeName: {}\n", env.kubelet.node), 1);
     let path = env.api.data_dir.join("01-pod.yaml");
@@ -176,7 +158,7 @@ async fn shared_pod_manifest_runs_two_of_two_ready() -> Result<()> {
 /// Restart policies with back-off, liveness restarts, readiness gating.
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_policy_backoff_and_probes() -> Result<()> {
-    let Some(env) = setup("kl-restart")? else { return Ok(()) };
+    let Some(env) = Env::start("kl-restart")? else { return Ok(()) };
     let api: Api<Pod> = Api::namespaced(env.client.clone(), "default");
     let node = env.kubelet.node.clone();
     let pp = PostParams::default();
@@ -255,7 +237,7 @@ async fn restart_policy_backoff_and_probes() -> Result<()> {
 /// pods deleted while it was down.
 #[tokio::test(flavor = "multi_thread")]
 async fn kubelet_restart_adopts_containers_and_cleans_up() -> Result<()> {
-    let Some(mut env) = setup("kl-adopt")? else { return Ok(()) };
+    let Some(mut env) = Env::start("kl-adopt")? else { return Ok(()) };
     let api: Api<Pod> = Api::namespaced(env.client.clone(), "default");
     let node = env.kubelet.node.clone();
     // `keep` has a slow readiness probe: its first result after a kubelet restart comes 5 s
@@ -316,7 +298,7 @@ async fn kubelet_restart_adopts_containers_and_cleans_up() -> Result<()> {
 /// not take the kubelet down.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_specs_give_kubernetes_reasons() -> Result<()> {
-    let Some(mut env) = setup("kl-bad")? else { return Ok(()) };
+    let Some(mut env) = Env::start("kl-bad")? else { return Ok(()) };
     let api: Api<Pod> = Api::namespaced(env.client.clone(), "default");
     let node = env.kubelet.node.clone();
     let pp = PostParams::default();
@@ -394,7 +376,7 @@ async fn bad_specs_give_kubernetes_reasons() -> Result<()> {
 /// a pod on one node reaches a pod on the other by pod IP.
 #[tokio::test(flavor = "multi_thread")]
 async fn pods_on_two_nodes_reach_each_other() -> Result<()> {
-    let Some(env) = setup("kl-net-a")? else { return Ok(()) };
+    let Some(env) = Env::start("kl-net-a")? else { return Ok(()) };
     let other = Kubelet::start(&env.api.url(), "kl-net-b")?;
     let api: Api<Pod> = Api::namespaced(env.client.clone(), "default");
     let pp = PostParams::default();
@@ -434,7 +416,7 @@ async fn pods_on_two_nodes_reach_each_other() -> Result<()> {
 /// The apiserver going away does not stop running pods, and the kubelet reconnects.
 #[tokio::test(flavor = "multi_thread")]
 async fn apiserver_restart_keeps_pods_running() -> Result<()> {
-    let Some(mut env) = setup("kl-apirestart")? else { return Ok(()) };
+    let Some(mut env) = Env::start("kl-apirestart")? else { return Ok(()) };
     let api: Api<Pod> = Api::namespaced(env.client.clone(), "default");
     let node = env.kubelet.node.clone();
     api.create(&PostParams::default(), &pod_json("before", &node, json!({"containers": [busybox("c", "sleep 600")]}))?)
@@ -466,7 +448,7 @@ async fn apiserver_restart_keeps_pods_running() -> Result<()> {
 /// runAsUser; workingDir; hostNetwork.
 #[tokio::test(flavor = "multi_thread")]
 async fn volumes_env_and_security_context() -> Result<()> {
-    let Some(env) = setup("kl-vol")? else { return Ok(()) };
+    let Some(env) = Env::start("kl-vol")? else { return Ok(()) };
     let client = env.client.clone();
     let pp = PostParams::default();
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), "default");
@@ -546,7 +528,7 @@ async fn volumes_env_and_security_context() -> Result<()> {
 /// Deletion runs the preStop hook, sends SIGTERM, and ends with the object gone.
 #[tokio::test(flavor = "multi_thread")]
 async fn graceful_deletion_runs_prestop_hook() -> Result<()> {
-    let Some(env) = setup("kl-prestop")? else { return Ok(()) };
+    let Some(env) = Env::start("kl-prestop")? else { return Ok(()) };
     let host_dir = tempfile::tempdir()?;
     let mut c = busybox("c", "trap 'echo got-term > /hook/term; exit 0' TERM; while true; do sleep 1; done");
     c["lifecycle"] = json!({"preStop": {"exec": {"command": ["sh", "-c", "echo bye > /hook/prestop"]}}});

@@ -15,26 +15,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use e2e::kubectl::{our_kubectl, run};
-use e2e::kubelet::{require_docker, Kubelet};
-use e2e::{kubectl_bin, official_kubectls, ApiServer};
+use e2e::kubelet::Node as Env;
+use e2e::{kubectl_bin, official_kubectls};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-struct Env {
-    api: ApiServer,
-    kubelet: Kubelet,
-}
-
-fn setup(prefix: &str) -> Result<Option<Env>> {
-    if !require_docker() {
-        return Ok(None);
-    }
-    let api = ApiServer::start()?;
-    let kubelet = Kubelet::start(&api.url(), prefix)?;
-    Ok(Some(Env { api, kubelet }))
-}
 
 const SERVE: &str = "mkdir -p /www /local; echo pod-page > /www/index.html; echo local-only > /local/index.html; \
      seq 1 500000 > /www/big; \
@@ -238,7 +224,7 @@ impl Drop for Forwarder {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn official_kubectl_port_forward() -> Result<()> {
-    let Some(env) = setup("pf-official")? else { return Ok(()) };
+    let Some(env) = Env::start("pf-official")? else { return Ok(()) };
     web_pod(&env).await?;
     let mut clients = official_kubectls(&["1.33", "1.29", "1.27"]);
     clients.push(("1.32".into(), kubectl_bin()));
@@ -304,7 +290,7 @@ async fn official_kubectl_port_forward() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kube_crate_port_forward() -> Result<()> {
-    let Some(env) = setup("pf-kube")? else { return Ok(()) };
+    let Some(env) = Env::start("pf-kube")? else { return Ok(()) };
     web_pod(&env).await?;
     let api: Api<Pod> = Api::namespaced(env.api.client()?, "default");
     // Two ports on one connection; the loopback-only one too. (The v4 protocol has no
@@ -360,7 +346,7 @@ async fn kube_crate_port_forward() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn our_kubectl_port_forward() -> Result<()> {
-    let Some(env) = setup("pf-ours")? else { return Ok(()) };
+    let Some(env) = Env::start("pf-ours")? else { return Ok(()) };
     web_pod(&env).await?;
     let client = env.api.client()?;
     let svc: Value = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
@@ -410,7 +396,7 @@ async fn our_kubectl_port_forward() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_127_exec_over_spdy() -> Result<()> {
-    let Some(env) = setup("spdy-exec")? else { return Ok(()) };
+    let Some(env) = Env::start("spdy-exec")? else { return Ok(()) };
     web_pod(&env).await?;
     for (v, bin) in official_kubectls(&["1.27"]) {
         let log_before = kubelet_log(&env).len();
@@ -465,7 +451,7 @@ async fn kubectl_127_exec_over_spdy() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn host_network_pod_forwards_on_the_host() -> Result<()> {
-    let Some(env) = setup("pf-hostnet")? else { return Ok(()) };
+    let Some(env) = Env::start("pf-hostnet")? else { return Ok(()) };
     // A server on the host's loopback, started by a hostNetwork pod.
     let port = e2e::free_port();
     let script = format!(

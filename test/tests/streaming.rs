@@ -7,26 +7,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 use e2e::kubectl::{our_kubectl, run, Run};
-use e2e::kubelet::{require_docker, Kubelet};
-use e2e::{official_kubectls, ApiServer};
+use e2e::kubelet::Node as Env;
+use e2e::official_kubectls;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams, PostParams};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-struct Env {
-    api: ApiServer,
-    kubelet: Kubelet,
-}
-
-fn setup(prefix: &str) -> Result<Option<Env>> {
-    if !require_docker() {
-        return Ok(None);
-    }
-    let api = ApiServer::start()?;
-    let kubelet = Kubelet::start(&api.url(), prefix)?;
-    Ok(Some(Env { api, kubelet }))
-}
 
 /// Create a pod of long-running busybox containers on the node and wait until it runs.
 async fn running_pod(env: &Env, name: &str, containers: &[&str], annotations: Value) -> Result<()> {
@@ -63,7 +49,7 @@ fn kubectl(env: &Env, bin: &std::path::Path, args: &[&str], stdin: Option<&str>)
 /// `spdy_exec.rs`, same session) — output, stdin, exit codes, containers, errors.
 #[tokio::test(flavor = "multi_thread")]
 async fn official_kubectl_exec() -> Result<()> {
-    let Some(env) = setup("st-exec")? else { return Ok(()) };
+    let Some(env) = Env::start("st-exec")? else { return Ok(()) };
     running_pod(&env, "box", &["main"], json!({})).await?;
     running_pod(&env, "duo", &["first", "second"], json!({"kubectl.kubernetes.io/default-container": "second"}))
         .await?;
@@ -141,7 +127,7 @@ fn on_terminal(env: &Env, bin: &std::path::Path, exec_args: &str) -> Result<(i32
 /// through it (CRLF), and the exit code still propagates — official kubectl and ours.
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_with_a_terminal() -> Result<()> {
-    let Some(env) = setup("st-tty")? else { return Ok(()) };
+    let Some(env) = Env::start("st-tty")? else { return Ok(()) };
     let script_ok = std::process::Command::new("script").arg("--version").output().is_ok_and(|o| o.status.success());
     if !script_ok {
         ensure!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but `script` (util-linux) is missing");
@@ -172,7 +158,7 @@ async fn exec_with_a_terminal() -> Result<()> {
 /// the exit status.
 #[tokio::test(flavor = "multi_thread")]
 async fn kube_crate_exec() -> Result<()> {
-    let Some(env) = setup("st-kube")? else { return Ok(()) };
+    let Some(env) = Env::start("st-kube")? else { return Ok(()) };
     running_pod(&env, "kbox", &["main"], json!({})).await?;
     let api: Api<Pod> = Api::namespaced(env.api.client()?, "default");
 
@@ -211,7 +197,7 @@ async fn kube_crate_exec() -> Result<()> {
 /// Our kubectl beside the official one: same stdout, stderr and exit code.
 #[tokio::test(flavor = "multi_thread")]
 async fn our_kubectl_exec_matches_official() -> Result<()> {
-    let Some(env) = setup("st-ours")? else { return Ok(()) };
+    let Some(env) = Env::start("st-ours")? else { return Ok(()) };
     running_pod(&env, "obox", &["main"], json!({})).await?;
     running_pod(&env, "oduo", &["first", "second"], json!({})).await?;
     let ours = our_kubectl();
@@ -284,7 +270,7 @@ async fn wait_running(env: &Env, api: &Api<Pod>, names: &[&str]) -> Result<()> {
 /// kubectl, ours); the kubelet refuses bad requests with a Status.
 #[tokio::test(flavor = "multi_thread")]
 async fn attach_and_kubelet_errors() -> Result<()> {
-    let Some(env) = setup("st-attach")? else { return Ok(()) };
+    let Some(env) = Env::start("st-attach")? else { return Ok(()) };
     let api: Api<Pod> = Api::namespaced(env.api.client()?, "default");
     // Each talker waits before it talks, so that the attach is there to hear it.
     let talk = "sleep 4; for i in 1 2 3; do echo tick $i; done";

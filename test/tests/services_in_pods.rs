@@ -133,19 +133,17 @@ impl Cluster {
 
     /// kubeproxy's command line (to restart it exactly as the script started it).
     fn kubeproxy_cmdline(&self) -> Vec<String> {
-        let raw = std::fs::read(format!("/proc/{}/cmdline", self.kubeproxy_pid())).unwrap();
+        let raw = std::fs::read(format!("/proc/{}/cmdline", self.kubeproxy_pid())).unwrap_or_default();
         raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
     }
 
-    /// kubeproxy's last successful sync (its metric, whole seconds).
+    /// kubeproxy's last successful sync (its metric, whole seconds); 0 while the process is
+    /// still being started (a freshly forked `nohup` shows its own command line for a moment).
     fn last_sync(&self) -> f64 {
         let args = self.kubeproxy_cmdline();
-        let addr = args
-            .iter()
-            .position(|a| a == "--metrics-bind-address")
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-            .unwrap_or_else(|| panic!("no --metrics-bind-address in {args:?}"));
+        let Some(addr) = args.iter().position(|a| a == "--metrics-bind-address").and_then(|i| args.get(i + 1)) else {
+            return 0.0;
+        };
         stdout(&format!("curl -s -m 5 http://{addr}/metrics"))
             .lines()
             .find(|l| l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds "))
@@ -486,6 +484,7 @@ fn scenario(mode: &str) {
     let before = rules(mode);
     assert!(!before.is_empty(), "{mode} rules present");
     let cmdline = c.kubeproxy_cmdline();
+    assert!(cmdline.iter().any(|a| a == "--metrics-bind-address"), "kubeproxy's command line: {cmdline:?}");
     let conf = c.home.join("ingress/nginx.conf");
     let nginx_masters = || {
         let out =

@@ -1,6 +1,6 @@
 //! Client-side `kubectl apply` (the default) with default flags — validation on, strategic
 //! merge patches computed by kubectl from our OpenAPI — over every shared manifest, with the
-//! official kubectl 1.33 and 1.27. (Debian's kubectl 1.20 is not installed here.)
+//! official kubectl 1.33 and 1.27. Debian's kubectl 1.20 has its own suite (`kubectl_120.rs`).
 
 use anyhow::{ensure, Result};
 use e2e::{manifests_dir, official_kubectls, ApiServer};

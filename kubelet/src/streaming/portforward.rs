@@ -210,12 +210,15 @@ impl<S> Pairs<S> {
             return Err(stream);
         }
         *slot = Some(stream);
-        if p.error.is_some() && p.data.is_some() {
-            let p = self.pending.remove(&info.request_id).expect("entry just used");
-            let (Some(error), Some(data)) = (p.error, p.data) else { unreachable!("both checked") };
-            return Ok(Some(Pair { request_id: info.request_id, port: p.port, error, data }));
+        if p.error.is_none() || p.data.is_none() {
+            return Ok(None);
         }
-        Ok(None)
+        match self.pending.remove(&info.request_id) {
+            Some(Pending { port, error: Some(error), data: Some(data), .. }) => {
+                Ok(Some(Pair { request_id: info.request_id, port, error, data }))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Remove and return the streams of requests whose partner did not arrive in time.

@@ -4,9 +4,11 @@
 //!   `x-kubernetes-patch-merge-key` / `x-kubernetes-patch-strategy` extensions.
 //! - [`fieldmanager`] — server-side apply: managedFields, conflicts, the apply merge.
 //! - [`duration`] — the short human durations `kubectl get` prints in AGE columns.
+//! - [`printers`] — renderings tables and describe share (access modes).
 //! - [`quantity`] — resource quantities (`100m`, `128Mi`) as numbers.
 
 pub mod duration;
 pub mod fieldmanager;
+pub mod printers;
 pub mod quantity;
 pub mod strategicpatch;

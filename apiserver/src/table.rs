@@ -453,24 +453,6 @@ fn none_if_empty(v: String) -> String {
     }
 }
 
-fn access_modes(o: &Value, pointer: &str) -> String {
-    let modes: Vec<&str> = o
-        .pointer(pointer)
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(|m| match m {
-            "ReadWriteOnce" => "RWO",
-            "ReadOnlyMany" => "ROX",
-            "ReadWriteMany" => "RWX",
-            "ReadWriteOncePod" => "RWOP",
-            other => other,
-        })
-        .collect();
-    modes.join(",")
-}
-
 fn condition_true(o: &Value, ty: &str) -> bool {
     o.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| {
         cs.iter().any(|c| c.get("type") == Some(&json!(ty)) && c.get("status") == Some(&json!("True")))
@@ -833,7 +815,7 @@ fn kind_table(res: &ResourceDef) -> Option<(Vec<Value>, CellsFn)> {
                 vec![
                     json!(s(o.pointer("/metadata/name"))),
                     json!(s(o.pointer("/spec/capacity/storage"))),
-                    json!(access_modes(o, "/spec/accessModes")),
+                    json!(apimachinery::printers::access_modes(o.pointer("/spec/accessModes"))),
                     json!(s(o.pointer("/spec/persistentVolumeReclaimPolicy"))),
                     json!(s(o.pointer("/status/phase"))),
                     json!(claim),
@@ -861,7 +843,7 @@ fn kind_table(res: &ResourceDef) -> Option<(Vec<Value>, CellsFn)> {
                     json!(s(o.pointer("/status/phase"))),
                     json!(s(o.pointer("/spec/volumeName"))),
                     json!(s(o.pointer("/status/capacity/storage"))),
-                    json!(access_modes(o, "/status/accessModes")),
+                    json!(apimachinery::printers::access_modes(o.pointer("/status/accessModes"))),
                     json!(s(o.pointer("/spec/storageClassName"))),
                     json!(none_if_empty(s(o.pointer("/spec/volumeAttributesClassName")))),
                     json!(age(o)),

@@ -48,6 +48,11 @@ pub(crate) fn when(v: &Value, p: &str) -> String {
     }
 }
 
+/// The `name` of every object in a list (containers, volumes, object references).
+pub(crate) fn names(list: Option<&Value>) -> Vec<&str> {
+    list.and_then(Value::as_array).into_iter().flatten().filter_map(|v| v.get("name").and_then(Value::as_str)).collect()
+}
+
 pub(crate) fn or_none(x: &str) -> &str {
     if x.is_empty() {
         "<none>"
@@ -375,14 +380,7 @@ pub(crate) fn template(out: &mut String, t: Option<&Value>) {
     }
     containers(out, "Init Containers", t.pointer("/spec/initContainers"), None, ("  ", "   ", "    "));
     containers(out, "Containers", t.pointer("/spec/containers"), None, ("  ", "   ", "    "));
-    let vols: Vec<&str> = t
-        .pointer("/spec/volumes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.get("name").and_then(Value::as_str))
-        .collect();
-    out.push_str(&format!("  Volumes:\t{}\n", if vols.is_empty() { "<none>".into() } else { vols.join(", ") }));
+    out.push_str(&format!("  Volumes:\t{}\n", or_none(&names(t.pointer("/spec/volumes")).join(", "))));
     map_lines(out, "  ", "Node-Selectors", t.pointer("/spec/nodeSelector"), "=");
     out.push_str("  Tolerations:\t<none>\n");
 }

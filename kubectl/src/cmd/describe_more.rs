@@ -3,10 +3,11 @@
 //! kubectl's order and words. Pure; what needs other objects (pods, services, endpoints)
 //! gets them through `extra`, gathered by `describe::run`.
 
+use apimachinery::printers::access_modes;
 use base64::Engine;
 use serde_json::{json, Value};
 
-use super::describe::{map_lines, meta_header, or_none, or_unset, s, selector_string, template, when};
+use super::describe::{map_lines, meta_header, names, or_none, or_unset, s, selector_string, template, when};
 
 fn i(o: &Value, p: &str) -> i64 {
     o.pointer(p).and_then(Value::as_i64).unwrap_or(0)
@@ -20,22 +21,6 @@ fn text(v: &Value) -> String {
 fn go_list(v: Option<&Value>) -> String {
     let items: Vec<String> = v.and_then(Value::as_array).into_iter().flatten().map(text).collect();
     format!("[{}]", items.join(" "))
-}
-
-fn access_modes(v: Option<&Value>) -> String {
-    v.and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(|m| match m {
-            "ReadWriteOnce" => "RWO",
-            "ReadOnlyMany" => "ROX",
-            "ReadWriteMany" => "RWX",
-            "ReadWriteOncePod" => "RWOP",
-            other => other,
-        })
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// `N Running / N Waiting / N Succeeded / N Failed` over the pods a controller owns.
@@ -205,14 +190,7 @@ pub fn describe_cronjob(o: &Value) -> String {
         Some(_) => out.push_str(&format!("Last Schedule Time:\t{}\n", when(o, "/status/lastScheduleTime"))),
         None => out.push_str("Last Schedule Time:\t<unset>\n"),
     }
-    let active: Vec<&str> = o
-        .pointer("/status/active")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r.get("name").and_then(Value::as_str))
-        .collect();
-    out.push_str(&format!("Active Jobs:\t{}\n", if active.is_empty() { "<none>".into() } else { active.join(", ") }));
+    out.push_str(&format!("Active Jobs:\t{}\n", or_none(&names(o.pointer("/status/active")).join(", "))));
     out
 }
 

@@ -64,12 +64,7 @@ pub struct AttachArgs {
 }
 
 fn names(pod: &Value, p: &str) -> Vec<String> {
-    pod.pointer(p)
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.get("name").and_then(Value::as_str).map(String::from))
-        .collect()
+    super::describe::names(pod.pointer(p)).into_iter().map(String::from).collect()
 }
 
 /// The container kubectl talks to, and the "Defaulted container" notice when it chose one of

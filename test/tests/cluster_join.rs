@@ -12,24 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use e2e::cluster::{script as cluster, sh_stdout as sh};
 use e2e::kubectl::our_kubectl;
+use e2e::kubelet::bridge_name;
 use e2e::{free_port, host_cluster_lock, kubectl_bin, raw};
-
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
-fn cluster(home: &Path, port: u16, args: &[&str]) -> (bool, String) {
-    let out = Command::new(repo().join("scripts/cluster"))
-        .args(args)
-        .env("MINIK8S_HOME", home)
-        .env("MINIK8S_PROFILE", "debug")
-        .env("MINIK8S_PORT", port.to_string())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run scripts/cluster: {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
-}
 
 fn kubectl(args: &[&str]) -> (bool, String) {
     run(&kubectl_bin(), args)
@@ -39,11 +25,6 @@ fn run(bin: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(bin).args(args).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
-}
-
-fn sh(cmd: &str) -> String {
-    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The pids a state directory's components run as.
@@ -65,15 +46,6 @@ impl Drop for Down {
     fn drop(&mut self) {
         let _ = cluster(&self.0, self.1, &["down", "--purge"]);
     }
-}
-
-/// The kubelet's bridge name for a node (as kubelet/src/network.rs and scripts/cluster).
-fn bridge_name(node: &str) -> String {
-    let mut h: u32 = 0x811c9dc5;
-    for b in node.bytes() {
-        h = (h ^ b as u32).wrapping_mul(0x01000193);
-    }
-    format!("mk8s{h:08x}")
 }
 
 fn hostname() -> String {

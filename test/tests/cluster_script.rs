@@ -14,23 +14,8 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use e2e::cluster::{repo, script as cluster, sh_stdout as sh};
 use e2e::{free_port, host_cluster_lock, kubectl_bin, manifests_dir};
-
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
-fn cluster(home: &Path, port: u16, args: &[&str]) -> (bool, String) {
-    let out = Command::new(repo().join("scripts/cluster"))
-        .args(args)
-        .env("MINIK8S_HOME", home)
-        .env("MINIK8S_PROFILE", "debug")
-        .env("MINIK8S_PORT", port.to_string())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run scripts/cluster: {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
-}
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(kubectl_bin())
@@ -41,11 +26,6 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
         .unwrap_or_else(|e| panic!("cannot run kubectl: {e}"));
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
-}
-
-fn sh(cmd: &str) -> String {
-    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// One cluster on the host at a time: the tests of this file take turns (the mutex), and

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use e2e::cluster::{repo, sh_stdout as stdout};
 use e2e::kubelet::{docker_bin, require_docker};
 use e2e::kubeproxy::{kubeproxy_bin, prerequisites};
 use e2e::{free_port, kubectl_bin, manifests_dir};
@@ -32,18 +33,9 @@ use e2e::{free_port, kubectl_bin, manifests_dir};
 const WAIT: Duration = Duration::from_secs(120);
 const DNS_IP: &str = "10.96.0.10";
 
-fn repo() -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).to_path_buf()
-}
-
 fn sh(cmd: &str) -> (bool, String) {
     let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-}
-
-fn stdout(cmd: &str) -> String {
-    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn now_secs() -> f64 {
@@ -71,17 +63,7 @@ struct Cluster {
 
 impl Cluster {
     fn script(&self, args: &[&str]) -> (bool, String) {
-        let out = Command::new(repo().join("scripts/cluster"))
-            .args(args)
-            .env("MINIK8S_HOME", &self.home)
-            .env("MINIK8S_PROFILE", "debug")
-            .env("MINIK8S_PORT", self.port.to_string())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run scripts/cluster: {e}"));
-        (
-            out.status.success(),
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
-        )
+        e2e::cluster::script(&self.home, self.port, args)
     }
 
     fn up(mode: &str) -> Cluster {

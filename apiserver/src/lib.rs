@@ -49,6 +49,8 @@ pub struct Options {
     /// `host:port` clients are told to use (discovery's serverAddressByClientCIDRs).
     pub advertise_address: String,
     pub port: u16,
+    /// How often a watch with allowWatchBookmarks gets a BOOKMARK.
+    pub watch_bookmark_interval: std::time::Duration,
 }
 
 impl Default for Options {
@@ -61,6 +63,7 @@ impl Default for Options {
             watch_cache_size: 10_000,
             advertise_address: "127.0.0.1:6443".into(),
             port: 6443,
+            watch_bookmark_interval: watch::WatchTiming::default().bookmark_interval,
         }
     }
 }
@@ -81,7 +84,7 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         readonly: Arc::new(tokio::sync::Semaphore::new(opts.max_requests_inflight.max(1))),
         mutating: Arc::new(tokio::sync::Semaphore::new(opts.max_mutating_requests_inflight.max(1))),
         server_address: opts.advertise_address.clone(),
-        timing: watch::WatchTiming::default(),
+        timing: watch::WatchTiming { bookmark_interval: opts.watch_bookmark_interval },
     }))
 }
 

@@ -52,6 +52,10 @@ struct Args {
     /// Address of the `--insecure-port` listener.
     #[arg(long, default_value = "127.0.0.1")]
     insecure_bind_address: String,
+    /// How often a watch with allowWatchBookmarks gets a BOOKMARK (Go duration). Internal,
+    /// for tests: kube-apiserver has no such flag and bookmarks about once a minute.
+    #[arg(long, default_value = "1m", hide = true)]
+    watch_bookmark_interval: String,
     /// Log level or tracing filter (error, warn, info, debug, trace, or e.g. "apiserver=debug").
     #[arg(short = 'v', long = "log-level", default_value = "info")]
     log_level: String,
@@ -90,6 +94,9 @@ async fn main() -> anyhow::Result<()> {
     } else {
         format!("{}:{}", args.bind_address, args.port)
     };
+    let watch_bookmark_interval = apiserver::parse_go_duration(&args.watch_bookmark_interval)
+        .map_err(|e| anyhow::anyhow!("invalid --watch-bookmark-interval: {e}"))?;
+    anyhow::ensure!(!watch_bookmark_interval.is_zero(), "--watch-bookmark-interval must be positive");
     let opts = apiserver::Options {
         service_cluster_ip_range: args.service_cluster_ip_range.clone(),
         service_node_port_range: args.service_node_port_range.clone(),
@@ -97,6 +104,7 @@ async fn main() -> anyhow::Result<()> {
         max_mutating_requests_inflight: args.max_mutating_requests_inflight,
         advertise_address: advertise,
         port: args.port,
+        watch_bookmark_interval,
         ..Default::default()
     };
     let state = apiserver::build_state(store, &opts)?;

@@ -131,6 +131,16 @@ impl Store for MeteredStore {
         self.observe("watch", t, &r);
         r
     }
+    async fn watch_with_progress(
+        &self,
+        prefix: &str,
+        after_revision: Revision,
+    ) -> storage::Result<storage::ProgressWatchStream> {
+        let t = Instant::now();
+        let r = self.inner.watch_with_progress(prefix, after_revision).await;
+        self.observe("watch", t, &r);
+        r
+    }
     async fn compact(&self, revision: Revision) -> storage::Result<()> {
         let t = Instant::now();
         let r = self.inner.compact(revision).await;

@@ -1229,12 +1229,13 @@ async fn serve_watch(
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + timing.bookmark_interval, timing.bookmark_interval);
         match cache.subscribe(after) {
-            Subscription::Cache { backlog, mut rx } => {
+            Subscription::Cache { backlog, complete, mut rx } => {
                 for ev in backlog {
                     last = last.max(ev.revision);
                     if let Some(t) = watch::event_type(&ev, &filter) {
                         if !send(enc.line(t, &ev.object, Some(&ev.object_json))).await {
                             return;
+                last = last.max(complete);
                         }
                     }
                 }
@@ -1246,7 +1247,9 @@ async fn serve_watch(
                             if !send(watch::bookmark_line(&api_version, res.kind, last, false)).await { return; }
                         }
                         r = rx.recv() => match r {
-                            Ok(ev) => {
+                            // Every event up to `rev` has come through: bookmarks may say so.
+                            Ok(watch::CacheUpdate::Progress(rev)) => last = last.max(rev),
+                            Ok(watch::CacheUpdate::Event(ev)) => {
                                 if ev.revision <= after { continue; }
                                 last = last.max(ev.revision);
                                 if let Some(t) = watch::event_type(&ev, &filter) {
@@ -1262,7 +1265,7 @@ async fn serve_watch(
             }
             Subscription::TooOld => {
                 // Older than the cache: follow storage directly from `after`.
-                let mut stream = match store.watch(&filter.key_prefix, after).await {
+                let mut stream = match store.watch_with_progress(&filter.key_prefix, after).await {
                     Ok(s) => s,
                     Err(e) => {
                         let _ = send(watch::error_line(&watch_error(e, after))).await;
@@ -1277,7 +1280,8 @@ async fn serve_watch(
                             if !send(watch::bookmark_line(&api_version, res.kind, last, false)).await { return; }
                         }
                         item = stream.next() => match item {
-                            Some(Ok(sev)) => {
+                            Some(Ok(storage::WatchItem::Progress(rev))) => last = last.max(rev),
+                            Some(Ok(storage::WatchItem::Event(sev))) => {
                                 let ev = match watch::CachedEvent::from_storage(&sev) {
                                     Ok(ev) => ev,
                                     Err(e) => { let _ = send(watch::error_line(&e)).await; return; }

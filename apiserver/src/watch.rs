@@ -4,6 +4,12 @@
 //! Guarantees: a watcher that starts after revision R gets every event with revision > R
 //! once, in order. Events older than the ring are served by a direct storage watch (so a
 //! resume after an apiserver restart has no gap); history compacted away is a 410.
+//!
+//! The storage watch has progress ([`Store::watch_with_progress`]): when other resources are
+//! written, the cache learns that it has every event of its own up to a newer revision,
+//! raises `last_rev` and passes the progress on to live watchers in order with the events,
+//! so their bookmarks carry a recent resourceVersion (as Kubernetes' watch cache does with
+//! etcd's progress notifications) and a client resuming from one finds it in the cache.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -12,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{json, Value};
-use storage::{EventKind, Revision, Store};
+use storage::{EventKind, Revision, Store, WatchItem};
 use tokio::sync::broadcast;
 
 use crate::error::ApiError;
@@ -61,9 +67,17 @@ struct Inner {
     ring: VecDeque<storage::Event>,
     /// The ring holds every event with revision > start_rev.
     start_rev: Revision,
-    /// The newest revision the cache has seen (events or its start).
+    /// The cache has every event up to this revision (its start, events and progress).
     last_rev: Revision,
-    tx: broadcast::Sender<Arc<CachedEvent>>,
+    tx: broadcast::Sender<CacheUpdate>,
+}
+
+/// What live watchers receive, in revision order.
+#[derive(Clone, Debug)]
+pub enum CacheUpdate {
+    Event(Arc<CachedEvent>),
+    /// Every event up to this revision has been sent before.
+    Progress(Revision),
 }
 
 pub struct WatchCache {
@@ -75,7 +89,9 @@ pub struct WatchCache {
 /// How a watcher starting after some revision is fed.
 pub enum Subscription {
     /// From the cache: these buffered events, then the channel (skip revisions already seen).
-    Cache { backlog: Vec<Arc<CachedEvent>>, rx: broadcast::Receiver<Arc<CachedEvent>> },
+    /// Once the backlog is sent, the watcher has every event up to `complete` (at least the
+    /// revision it started after).
+    Cache { backlog: Vec<Arc<CachedEvent>>, complete: Revision, rx: broadcast::Receiver<CacheUpdate> },
     /// The revision is older than the ring: the caller watches storage directly.
     TooOld,
 }
@@ -97,7 +113,7 @@ impl WatchCache {
     }
 
     pub fn subscribe(&self, after: Revision) -> Subscription {
-        let (raw, rx) = {
+        let (raw, complete, rx) = {
             let inner = self.lock();
             if after < inner.start_rev {
                 return Subscription::TooOld;
@@ -105,11 +121,11 @@ impl WatchCache {
             // The ring is in revision order: only its tail is newer than `after`.
             let newer = inner.ring.iter().rev().take_while(|e| e.revision() > after).count();
             let raw: Vec<storage::Event> = inner.ring.iter().skip(inner.ring.len() - newer).cloned().collect();
-            (raw, inner.tx.subscribe())
+            (raw, inner.last_rev.max(after), inner.tx.subscribe())
         };
         // Decoded outside the lock; these decoded before, when they were pushed.
         let backlog = raw.iter().filter_map(|e| CachedEvent::from_storage(e).ok()).map(Arc::new).collect();
-        Subscription::Cache { backlog, rx }
+        Subscription::Cache { backlog, complete, rx }
     }
 
     pub fn last_revision(&self) -> Revision {
@@ -128,7 +144,17 @@ impl WatchCache {
             }
         }
         // No receivers is fine.
-        let _ = inner.tx.send(ev);
+        let _ = inner.tx.send(CacheUpdate::Event(ev));
+    }
+
+    /// Storage says every event of this resource up to `rev` has been delivered.
+    fn progress(&self, rev: Revision) {
+        let mut inner = self.lock();
+        if rev > inner.last_rev {
+            inner.last_rev = rev;
+            // The ring stays complete after `start_rev`: there was nothing to add to it.
+            let _ = inner.tx.send(CacheUpdate::Progress(rev));
+        }
     }
 
     /// Forget everything (history was compacted under us): current watchers are closed
@@ -181,11 +207,16 @@ impl WatchCaches {
 async fn feed(store: Arc<dyn Store>, cache: Arc<WatchCache>, mut from: Revision) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match store.watch(&cache.prefix, from).await {
+        match store.watch_with_progress(&cache.prefix, from).await {
             Ok(mut stream) => {
                 while let Some(item) = stream.next().await {
                     match item {
-                        Ok(ev) => {
+                        Ok(WatchItem::Progress(rev)) => {
+                            backoff = Duration::from_millis(100);
+                            from = from.max(rev);
+                            cache.progress(rev);
+                        }
+                        Ok(WatchItem::Event(ev)) => {
                             backoff = Duration::from_millis(100);
                             from = from.max(ev.revision());
                             match CachedEvent::from_storage(&ev) {
@@ -363,15 +394,115 @@ mod tests {
             Subscription::TooOld => panic!("12 is servable"),
         }
         match c.subscribe(15) {
-            Subscription::Cache { backlog, mut rx } => {
+            Subscription::Cache { backlog, mut rx, .. } => {
                 assert!(backlog.is_empty());
                 let (raw, ce) = stored(16);
                 c.push(raw, ce);
-                assert_eq!(rx.try_recv().map(|e| e.revision).ok(), Some(16));
+                assert!(matches!(rx.try_recv(), Ok(CacheUpdate::Event(e)) if e.revision == 16));
             }
             Subscription::TooOld => panic!(),
         }
         assert_eq!(c.last_revision(), 16);
+    }
+
+    #[test]
+    fn progress_raises_last_revision_in_order_with_events() {
+        let c = WatchCache::new("/registry/pods/".into(), 3, 10);
+        let mut rx = match c.subscribe(10) {
+            Subscription::Cache { complete, rx, .. } => {
+                assert_eq!(complete, 10);
+                rx
+            }
+            Subscription::TooOld => panic!("10 is servable"),
+        };
+        let (raw, ce) = stored(11);
+        c.push(raw, ce);
+        c.progress(50);
+        c.progress(40); // older than what the cache knows: nothing to say
+        let (raw, ce) = stored(51);
+        c.push(raw, ce);
+        c.progress(60);
+        let got: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|u| match u {
+                CacheUpdate::Event(e) => format!("event {}", e.revision),
+                CacheUpdate::Progress(r) => format!("progress {r}"),
+            })
+            .collect();
+        assert_eq!(got, ["event 11", "progress 50", "event 51", "progress 60"]);
+        assert_eq!(c.last_revision(), 60);
+
+        // A watcher resuming from a progress revision is served from the cache: it gets the
+        // events after it and knows it is complete up to the newest progress.
+        match c.subscribe(50) {
+            Subscription::Cache { backlog, complete, .. } => {
+                assert_eq!(backlog.iter().map(|e| e.revision).collect::<Vec<_>>(), vec![51]);
+                assert_eq!(complete, 60);
+            }
+            Subscription::TooOld => panic!("50 is a progress revision the cache covers"),
+        }
+        match c.subscribe(60) {
+            Subscription::Cache { backlog, complete, .. } => {
+                assert!(backlog.is_empty());
+                assert_eq!(complete, 60);
+            }
+            Subscription::TooOld => panic!("60 is servable"),
+        }
+        // After the ring moved past it, an old revision is not.
+        for r in 61..=64 {
+            let (raw, ce) = stored(r);
+            c.push(raw, ce);
+        }
+        assert!(matches!(c.subscribe(50), Subscription::TooOld));
+    }
+
+    /// A store whose watch with progress replays a script: `feed` turns it into the cache.
+    struct Scripted(Vec<WatchItem>);
+
+    #[async_trait::async_trait]
+    impl Store for Scripted {
+        async fn current_revision(&self) -> storage::Result<Revision> {
+            Ok(10)
+        }
+        async fn range(&self, _: storage::Range) -> storage::Result<storage::RangeResult> {
+            Err(storage::Error::Internal("unused".into()))
+        }
+        async fn txn(&self, _: storage::Txn) -> storage::Result<storage::TxnOutcome> {
+            Err(storage::Error::Internal("unused".into()))
+        }
+        async fn watch(&self, _: &str, _: Revision) -> storage::Result<storage::WatchStream> {
+            Err(storage::Error::Internal("the cache must watch with progress".into()))
+        }
+        async fn watch_with_progress(&self, _: &str, _: Revision) -> storage::Result<storage::ProgressWatchStream> {
+            let items: Vec<storage::Result<WatchItem>> = self.0.iter().cloned().map(Ok).collect();
+            // Then stay open, as a live watch does.
+            Ok(futures::stream::iter(items).chain(futures::stream::pending()).boxed())
+        }
+        async fn compact(&self, _: Revision) -> storage::Result<()> {
+            Ok(())
+        }
+        async fn compacted_revision(&self) -> storage::Result<Revision> {
+            Ok(0)
+        }
+    }
+
+    #[tokio::test]
+    async fn feed_passes_storage_progress_on() {
+        let (raw, _) = stored(12);
+        let store = Arc::new(Scripted(vec![WatchItem::Progress(11), WatchItem::Event(raw), WatchItem::Progress(30)]));
+        let caches = WatchCaches::new(store, 100);
+        let cache = caches.get("/registry/pods/").await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while cache.last_revision() < 30 {
+            assert!(tokio::time::Instant::now() < deadline, "the feed never reached the progress at 30");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        match cache.subscribe(10) {
+            Subscription::Cache { backlog, complete, .. } => {
+                assert_eq!(backlog.iter().map(|e| e.revision).collect::<Vec<_>>(), vec![12]);
+                assert_eq!(complete, 30);
+            }
+            Subscription::TooOld => panic!("the cache started at 10"),
+        }
     }
 
     #[test]

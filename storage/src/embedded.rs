@@ -20,6 +20,14 @@
 //! event is always in one or the other. A watcher that falls behind the channel goes
 //! back to the database.
 //!
+//! Progress ([`Store::watch_with_progress`]): batches are published in commit order, so once
+//! a watcher has handled a batch it has delivered every event of its prefix up to that
+//! batch's revision — a batch without events for the prefix becomes a progress item. So
+//! does the revision of a replay's snapshot once the replay has caught up. Progress is sent
+//! at most once per [`PROGRESS_INTERVAL`] per watch; a newer revision held back meanwhile is
+//! sent when the interval is over (unless an event made it moot), so the last write is
+//! always reported.
+//!
 //! Invariants:
 //! - `kv.id` (the revision) is assigned by the write-connection holder as `current + 1`; the newest row is
 //!   never compacted, so `MAX(id)` is the current revision after a restart (1 when empty,
@@ -36,9 +44,11 @@ use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{broadcast, oneshot};
 
+use futures::StreamExt;
+
 use crate::{
-    prefix_end, Error, Event, EventKind, KeyValue, Op, Range, RangeResult, Result, Revision, Store, Txn, TxnOutcome,
-    WatchStream,
+    prefix_end, Error, Event, EventKind, KeyValue, Op, ProgressWatchStream, Range, RangeResult, Result, Revision,
+    Store, Txn, TxnOutcome, WatchItem, WatchStream,
 };
 
 /// History rows a watch replays per database read.
@@ -49,6 +59,8 @@ const COMPACT_CHUNK: i64 = 10_000;
 const BROADCAST_CAPACITY: usize = 4096;
 /// Idle read connections kept open.
 const READ_POOL: usize = 8;
+/// At most one progress item per watch this often.
+pub const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS kv (
@@ -153,6 +165,28 @@ impl SqliteStore {
             drain(&self.queue, &self.writer)?;
         }
         rx.await.map_err(|_| writer_gone())?
+    }
+
+    /// A watch stream; with `progress`, progress items are interleaved (see the module docs).
+    async fn start_watch(&self, prefix: &str, after_revision: Revision, progress: bool) -> Result<ProgressWatchStream> {
+        let live = self.events.subscribe();
+        let end = prefix_end(prefix);
+        let prefix = prefix.as_bytes().to_vec();
+        // Fail fast on a compacted revision; the stream re-checks on every replay.
+        let compact = self.compacted_revision().await?;
+        if after_revision < compact {
+            return Err(Error::Compacted { requested: after_revision + 1, compacted: compact });
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let store = self.source();
+        let progress = progress.then(|| Progress::new(PROGRESS_INTERVAL));
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = follow(store, live, prefix, end, after_revision, progress, &tx) => {}
+                _ = tx.closed() => {}
+            }
+        });
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 }
 
@@ -456,8 +490,10 @@ fn apply_txn(conn: &Connection, txn: &Txn, rev: &mut Revision, events: &mut Vec<
 }
 
 /// History rows with a revision after `after` under `prefix`, at most [`REPLAY_CHUNK`],
-/// as watch events. Fails with `Compacted` if `after` is older than the compaction.
-fn replay(conn: &Connection, prefix: &[u8], end: &[u8], after: Revision) -> Result<Vec<Event>> {
+/// as watch events, and the revision of the snapshot they were read at. Fails with
+/// `Compacted` if `after` is older than the compaction.
+fn replay(conn: &Connection, prefix: &[u8], end: &[u8], after: Revision) -> Result<(Vec<Event>, Revision)> {
+    let snapshot = max_revision(conn)?;
     let compact = compacted(conn)?;
     if after < compact {
         return Err(Error::Compacted { requested: after + 1, compacted: compact });
@@ -505,7 +541,7 @@ fn replay(conn: &Connection, prefix: &[u8], end: &[u8], after: Revision) -> Resu
         let kv = KeyValue { key, value: value.into(), create_revision: created, mod_revision: id };
         events.push(Event { kind, kv, prev });
     }
-    Ok(events)
+    Ok((events, snapshot))
 }
 
 #[async_trait]
@@ -555,23 +591,20 @@ impl Store for SqliteStore {
     }
 
     async fn watch(&self, prefix: &str, after_revision: Revision) -> Result<WatchStream> {
-        let live = self.events.subscribe();
-        let end = prefix_end(prefix);
-        let prefix = prefix.as_bytes().to_vec();
-        // Fail fast on a compacted revision; the stream re-checks on every replay.
-        let compact = self.compacted_revision().await?;
-        if after_revision < compact {
-            return Err(Error::Compacted { requested: after_revision + 1, compacted: compact });
-        }
-        let (tx, rx) = tokio::sync::mpsc::channel(256);
-        let store = self.source();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = follow(store, live, prefix, end, after_revision, &tx) => {}
-                _ = tx.closed() => {}
-            }
-        });
-        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        let stream = self.start_watch(prefix, after_revision, false).await?;
+        Ok(stream
+            .filter_map(|item| async move {
+                match item {
+                    Ok(WatchItem::Event(e)) => Some(Ok(e)),
+                    Ok(WatchItem::Progress(_)) => None,
+                    Err(e) => Some(Err(e)),
+                }
+            })
+            .boxed())
+    }
+
+    async fn watch_with_progress(&self, prefix: &str, after_revision: Revision) -> Result<ProgressWatchStream> {
+        self.start_watch(prefix, after_revision, true).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
@@ -621,7 +654,7 @@ impl ReadSource {
         result
     }
 
-    async fn replay(&self, prefix: &[u8], end: &[u8], after: Revision) -> Result<Vec<Event>> {
+    async fn replay(&self, prefix: &[u8], end: &[u8], after: Revision) -> Result<(Vec<Event>, Revision)> {
         let source = self.clone();
         let (prefix, end) = (prefix.to_vec(), end.to_vec());
         tokio::task::spawn_blocking(move || source.read(|tx| replay(tx, &prefix, &end, after)))
@@ -630,20 +663,41 @@ impl ReadSource {
     }
 }
 
+/// The progress a watch has to report, throttled to one item per `interval`.
+struct Progress {
+    interval: std::time::Duration,
+    /// A revision to report once `next` has come (an event since makes it moot).
+    pending: Option<Revision>,
+    /// When the next progress item may be sent.
+    next: tokio::time::Instant,
+}
+
+impl Progress {
+    fn new(interval: std::time::Duration) -> Self {
+        Progress { interval, pending: None, next: tokio::time::Instant::now() }
+    }
+}
+
+type Out = tokio::sync::mpsc::Sender<Result<WatchItem>>;
+
 /// Deliver every event under the prefix after `last` to `out`: replay from the database
-/// until caught up, then follow the live channel; on lag, replay again.
+/// until caught up, then follow the live channel; on lag, replay again. With `progress`,
+/// also report how far delivery has got (see the module docs).
 async fn follow(
     source: ReadSource,
     mut live: broadcast::Receiver<Arc<Vec<Event>>>,
     prefix: Vec<u8>,
     end: Vec<u8>,
     mut last: Revision,
-    out: &tokio::sync::mpsc::Sender<Result<Event>>,
+    mut progress: Option<Progress>,
+    out: &Out,
 ) {
+    // `last` is the newest revision delivered, as an event or as progress: every event of
+    // the prefix up to it has been sent.
     'replay: loop {
         loop {
-            let events = match source.replay(&prefix, &end, last).await {
-                Ok(events) => events,
+            let (events, snapshot) = match source.replay(&prefix, &end, last).await {
+                Ok(r) => r,
                 Err(e) => {
                     let _ = out.send(Err(e)).await;
                     return;
@@ -651,25 +705,41 @@ async fn follow(
             };
             let caught_up = (events.len() as i64) < REPLAY_CHUNK;
             for event in events {
-                last = event.revision();
-                if out.send(Ok(event)).await.is_err() {
+                if !send_event(out, &mut last, &mut progress, event).await {
                     return;
                 }
             }
             if caught_up {
+                // Every event of the prefix up to the snapshot has been sent.
+                if !offer_progress(out, &mut last, &mut progress, snapshot).await {
+                    return;
+                }
                 break;
             }
         }
         loop {
-            match live.recv().await {
+            let flush_at = progress.as_ref().and_then(|p| p.pending.map(|_| p.next));
+            let received = tokio::select! {
+                r = live.recv() => r,
+                _ = sleep_until_some(flush_at) => {
+                    if !flush_progress(out, &mut last, &mut progress).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            match received {
                 Ok(batch) => {
                     for event in batch.iter() {
-                        if event.revision() > last && event.kv.key.as_bytes().starts_with(&prefix) {
-                            last = event.revision();
-                            if out.send(Ok(event.clone())).await.is_err() {
-                                return;
-                            }
+                        let wanted = event.revision() > last && event.kv.key.as_bytes().starts_with(&prefix);
+                        if wanted && !send_event(out, &mut last, &mut progress, event.clone()).await {
+                            return;
                         }
+                    }
+                    // Batches come in commit order: everything up to this one is delivered.
+                    let batch_rev = batch.last().map_or(0, Event::revision);
+                    if !offer_progress(out, &mut last, &mut progress, batch_rev).await {
+                        return;
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -680,4 +750,48 @@ async fn follow(
             }
         }
     }
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Send an event; it supersedes any pending progress. False when the receiver is gone.
+async fn send_event(out: &Out, last: &mut Revision, progress: &mut Option<Progress>, event: Event) -> bool {
+    *last = event.revision();
+    if let Some(p) = progress.as_mut() {
+        if p.pending.is_some_and(|r| r <= *last) {
+            p.pending = None;
+        }
+    }
+    out.send(Ok(WatchItem::Event(event))).await.is_ok()
+}
+
+/// Everything up to `rev` has been delivered: report it now if the interval allows, else
+/// hold it back for [`flush_progress`]. False when the receiver is gone.
+async fn offer_progress(out: &Out, last: &mut Revision, progress: &mut Option<Progress>, rev: Revision) -> bool {
+    let Some(p) = progress.as_mut() else { return true };
+    if rev <= *last || p.pending.is_some_and(|r| r >= rev) {
+        return true;
+    }
+    p.pending = Some(rev);
+    if tokio::time::Instant::now() < p.next {
+        return true;
+    }
+    flush_progress(out, last, progress).await
+}
+
+/// Send the pending progress, if any. False when the receiver is gone.
+async fn flush_progress(out: &Out, last: &mut Revision, progress: &mut Option<Progress>) -> bool {
+    let Some(p) = progress.as_mut() else { return true };
+    let Some(rev) = p.pending.take() else { return true };
+    if rev <= *last {
+        return true;
+    }
+    *last = rev;
+    p.next = tokio::time::Instant::now() + p.interval;
+    out.send(Ok(WatchItem::Progress(rev))).await.is_ok()
 }

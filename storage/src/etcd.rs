@@ -15,6 +15,17 @@
 //!   that error as its last item. Delete events carry etcd's tombstone: empty value,
 //!   `mod_revision` = the delete's revision, `create_revision` taken from `prev_kv` (etcd
 //!   itself reports 0).
+//! - `watch_with_progress` is the same watch with `progress_notify` set: etcd then sends,
+//!   on a quiet watch, an empty response whose header revision promises that every earlier
+//!   event was sent, every `--experimental-watch-progress-notify-interval` (10 minutes by
+//!   default; `--watch-progress-notify-interval` from etcd 3.6). Those travel with the
+//!   watch's events, so they are ordered. On etcd 3.4.31+ / 3.5.13+ (the versions Kubernetes
+//!   trusts, see etcd#15220 and etcd#17557) the stream also asks for progress
+//!   (`RequestProgress`) after [`EtcdOptions::progress_interval`] without a response, so a
+//!   quiet watch learns the current revision within about that interval. Older versions
+//!   answer such requests out of band, possibly ahead of events still to come, so they only
+//!   get the periodic notifications. Each progress becomes [`WatchItem::Progress`] and the
+//!   revision a broken watch is re-created from.
 //! - Every unary call is bounded by a request timeout; while etcd is unreachable calls fail
 //!   with [`Error::Unavailable`]. The underlying tonic channel redials by itself.
 //!
@@ -84,6 +95,12 @@ pub struct EtcdOptions {
     /// `keep_alive_interval + request_timeout`. Keep it at or above etcd's
     /// `--grpc-keepalive-min-time` (5 s by default).
     pub keep_alive_interval: Duration,
+    /// How long a watch with progress may go without a response before it asks etcd for
+    /// progress (when that is trusted, see `request_progress`).
+    pub progress_interval: Duration,
+    /// Whether watches with progress send etcd `RequestProgress`; None decides from the
+    /// etcd version (3.4.31+, 3.5.13+, 3.6+). Older versions may answer ahead of events.
+    pub request_progress: Option<bool>,
 }
 
 impl Default for EtcdOptions {
@@ -92,6 +109,8 @@ impl Default for EtcdOptions {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_REQUEST_TIMEOUT,
             keep_alive_interval: Duration::from_secs(10),
+            progress_interval: Duration::from_secs(1),
+            request_progress: None,
         }
     }
 }
@@ -103,6 +122,8 @@ pub struct EtcdStore {
     opts: EtcdOptions,
     /// Highest compacted revision known (etcd's: the oldest readable revision; 0 = never).
     compacted: Arc<AtomicI64>,
+    /// Whether watches with progress ask etcd for it (see the module docs).
+    request_progress: bool,
     // Keeps the client (and its channel) alive for the clones above.
     _client: Client,
 }
@@ -206,6 +227,21 @@ fn header_revision(header: Option<&etcd_client::proto::PbResponseHeader>, what: 
     header.map(|h| h.revision).ok_or_else(|| Error::Internal(format!("etcd {what}: response without header")))
 }
 
+/// Whether an etcd of this version answers `RequestProgress` in order with the events:
+/// 3.4.31+, 3.5.13+ and 3.6+ (etcd#15220, etcd#17557).
+fn progress_requests_trusted(version: &str) -> bool {
+    let mut parts = version.trim_start_matches('v').split(['.', '-', '+']).map(|p| p.parse::<u64>().ok());
+    let (Some(Some(major)), Some(Some(minor)), Some(Some(patch))) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    match (major, minor) {
+        (3, 4) => patch >= 31,
+        (3, 5) => patch >= 13,
+        (3, m) => m >= 6,
+        (m, _) => m > 3,
+    }
+}
+
 /// Run one etcd call under the request timeout.
 async fn call<T>(
     timeout: Duration,
@@ -243,10 +279,28 @@ impl EtcdStore {
             .map_err(|f| f.into_error("connect"))?;
         let kv = client.kv_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
         let watch = client.watch_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
-        let store = EtcdStore { kv, watch, opts, compacted: Arc::new(AtomicI64::new(0)), _client: client };
+        let request_progress = match opts.request_progress {
+            Some(r) => r,
+            None => {
+                let status = call(opts.request_timeout, "status", client.maintenance_client().status())
+                    .await
+                    .map_err(|f| f.into_error("status"))?;
+                let trusted = progress_requests_trusted(status.version());
+                if !trusted {
+                    tracing::info!(
+                        version = status.version(),
+                        "etcd before 3.4.31/3.5.13 may answer progress requests ahead of events: quiet watches \
+                         rely on its periodic progress notifications (--experimental-watch-progress-notify-interval)"
+                    );
+                }
+                trusted
+            }
+        };
+        let store =
+            EtcdStore { kv, watch, opts, compacted: Arc::new(AtomicI64::new(0)), request_progress, _client: client };
         // Check that etcd answers, and learn how far it has been compacted.
         let compacted = store.refresh_compacted().await?;
-        tracing::info!(?endpoints, compacted, "connected to etcd");
+        tracing::info!(?endpoints, compacted, request_progress, "connected to etcd");
         Ok(store)
     }
 
@@ -293,6 +347,39 @@ impl EtcdStore {
         let compacted = self.note_compacted(lo);
         tracing::debug!(compacted, "discovered etcd compaction");
         Ok(compacted)
+    }
+
+    /// Open a watch (see the module docs); `progress` for a watch with progress.
+    async fn start_watch(
+        &self,
+        prefix: &str,
+        after_revision: Revision,
+        progress: Option<ProgressMode>,
+    ) -> Result<WatchState> {
+        if after_revision < 0 {
+            return Err(Error::InvalidRequest(format!("negative revision {after_revision}")));
+        }
+        let compacted = self.known_compacted();
+        if after_revision.saturating_add(1) < compacted {
+            return Err(Error::Compacted { requested: after_revision.saturating_add(1), compacted });
+        }
+        let mut state = WatchState {
+            client: self.watch.clone(),
+            prefix: prefix.to_string(),
+            after: after_revision,
+            stream: None,
+            pending: VecDeque::new(),
+            deferred_error: None,
+            done: false,
+            compacted: self.compacted.clone(),
+            timeout: self.timeout(),
+            backoff: WATCH_BACKOFF_MIN,
+            progress,
+        };
+        // Open the first watch here so that an unreachable etcd is reported to the caller.
+        state.stream = Some(state.open().await?);
+        tracing::debug!(prefix, after_revision, "etcd watch started");
+        Ok(state)
     }
 
     /// Turn a range failure at `requested` into the storage error.
@@ -435,28 +522,22 @@ impl Store for EtcdStore {
     }
 
     async fn watch(&self, prefix: &str, after_revision: Revision) -> Result<WatchStream> {
-        if after_revision < 0 {
-            return Err(Error::InvalidRequest(format!("negative revision {after_revision}")));
-        }
-        let compacted = self.known_compacted();
-        if after_revision.saturating_add(1) < compacted {
-            return Err(Error::Compacted { requested: after_revision.saturating_add(1), compacted });
-        }
-        let mut state = WatchState {
-            client: self.watch.clone(),
-            prefix: prefix.to_string(),
-            after: after_revision,
-            stream: None,
-            pending: VecDeque::new(),
-            deferred_error: None,
-            done: false,
-            compacted: self.compacted.clone(),
-            timeout: self.timeout(),
-            backoff: WATCH_BACKOFF_MIN,
-        };
-        // Open the first watch here so that an unreachable etcd is reported to the caller.
-        state.stream = Some(state.open().await?);
-        tracing::debug!(prefix, after_revision, "etcd watch started");
+        let state = self.start_watch(prefix, after_revision, None).await?;
+        Ok(futures::stream::unfold(state, |mut state| async move {
+            loop {
+                match state.next_item().await? {
+                    Ok(WatchItem::Event(e)) => return Some((Ok(e), state)),
+                    Ok(WatchItem::Progress(_)) => continue,
+                    Err(e) => return Some((Err(e), state)),
+                }
+            }
+        })
+        .boxed())
+    }
+
+    async fn watch_with_progress(&self, prefix: &str, after_revision: Revision) -> Result<ProgressWatchStream> {
+        let progress = ProgressMode { request_after: self.request_progress.then_some(self.opts.progress_interval) };
+        let state = self.start_watch(prefix, after_revision, Some(progress)).await?;
         Ok(futures::stream::unfold(state, |mut state| async move {
             let item = state.next_item().await?;
             Some((item, state))
@@ -503,14 +584,24 @@ struct WatchState {
     /// Every event up to and including this revision has been delivered (or queued).
     after: Revision,
     stream: Option<etcd_client::WatchStream>,
-    /// Events of the last etcd response not yet handed out.
-    pending: VecDeque<Event>,
+    /// Items of the last etcd response not yet handed out.
+    pending: VecDeque<WatchItem>,
     /// An error to hand out once `pending` is drained; the stream ends after it.
     deferred_error: Option<Error>,
     done: bool,
     compacted: Arc<AtomicI64>,
     timeout: Duration,
     backoff: Duration,
+    /// Set for a watch with progress.
+    progress: Option<ProgressMode>,
+}
+
+/// How a watch with progress learns it.
+#[derive(Clone, Copy, Debug)]
+struct ProgressMode {
+    /// Ask etcd for progress after this long without a response (None: only etcd's
+    /// periodic notifications).
+    request_after: Option<Duration>,
 }
 
 impl WatchState {
@@ -520,17 +611,20 @@ impl WatchState {
         if key.is_empty() {
             key = vec![0];
         }
-        let opts = WatchOptions::new()
+        let mut opts = WatchOptions::new()
             .with_range(prefix_end(&self.prefix))
             .with_start_revision(self.after.saturating_add(1))
             .with_prev_key();
+        if self.progress.is_some() {
+            opts = opts.with_progress_notify();
+        }
         call(self.timeout, "watch", self.client.clone().watch(key, Some(opts))).await.map_err(|f| f.into_error("watch"))
     }
 
-    async fn next_item(&mut self) -> Option<Result<Event>> {
+    async fn next_item(&mut self) -> Option<Result<WatchItem>> {
         loop {
-            if let Some(event) = self.pending.pop_front() {
-                return Some(Ok(event));
+            if let Some(item) = self.pending.pop_front() {
+                return Some(Ok(item));
             }
             if let Some(e) = self.deferred_error.take() {
                 return Some(Err(e));
@@ -555,7 +649,22 @@ impl WatchState {
                 }
                 continue;
             };
-            match stream.message().await {
+            let request_after = self.progress.and_then(|p| p.request_after);
+            let message = match request_after {
+                None => stream.message().await,
+                Some(after) => match tokio::time::timeout(after, stream.message()).await {
+                    Ok(message) => message,
+                    Err(_) => {
+                        // Quiet for a while: ask where the watch stands. A failure to send
+                        // means the stream broke; reading it will say so.
+                        if let Err(e) = stream.request_progress().await {
+                            tracing::debug!(prefix = %self.prefix, error = %e, "etcd watch: progress request failed");
+                        }
+                        continue;
+                    }
+                },
+            };
+            match message {
                 Ok(Some(resp)) => {
                     if let Err(e) = self.handle(resp.0) {
                         // Deliver what was queued before the error, then the error, then end.
@@ -583,7 +692,7 @@ impl WatchState {
         self.backoff = (self.backoff * 2).min(WATCH_BACKOFF_MAX);
     }
 
-    /// Queue the events of one etcd response.
+    /// Queue the events (or the progress) of one etcd response.
     fn handle(&mut self, resp: etcd_client::proto::PbWatchResponse) -> Result<()> {
         if resp.compact_revision != 0 {
             let compacted = resp.compact_revision;
@@ -594,6 +703,19 @@ impl WatchState {
             return Err(Error::Unavailable(format!("etcd cancelled the watch: {}", resp.cancel_reason)));
         }
         self.backoff = WATCH_BACKOFF_MIN;
+        if resp.events.is_empty() {
+            // The creation response only says when the watch was created; later empty
+            // responses are progress: every event up to the header revision was sent.
+            if self.progress.is_some() && !resp.created {
+                let revision = header_revision(resp.header.as_ref(), "watch")?;
+                if revision > self.after {
+                    self.after = revision;
+                    self.pending.push_back(WatchItem::Progress(revision));
+                }
+            }
+            return Ok(());
+        }
+        let mut newest = None;
         for ev in resp.events {
             let kind = match ev.r#type {
                 0 => EventKind::Put,
@@ -614,11 +736,28 @@ impl WatchState {
                 // etcd's tombstone says 0; the trait promises the deleted incarnation's.
                 kv.create_revision = prev.as_ref().map_or(0, |p| p.create_revision);
             }
-            self.pending.push_back(Event { kind, kv, prev });
+            newest = Some(kv.mod_revision);
+            self.pending.push_back(WatchItem::Event(Event { kind, kv, prev }));
         }
-        if let Some(last) = self.pending.back() {
-            self.after = last.kv.mod_revision;
+        // Only now: the events of one transaction share its revision.
+        if let Some(newest) = newest {
+            self.after = newest;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_requests_trusted;
+
+    #[test]
+    fn progress_requests_are_trusted_from_the_fixed_versions() {
+        for v in ["3.4.31", "3.4.35", "3.5.13", "3.5.21", "3.6.0", "v3.6.4", "3.7.0-alpha.0", "4.0.0"] {
+            assert!(progress_requests_trusted(v), "{v}");
+        }
+        for v in ["3.4.23", "3.4.30", "3.5.0", "3.5.12", "3.3.27", "", "garbage", "3.5"] {
+            assert!(!progress_requests_trusted(v), "{v}");
+        }
     }
 }

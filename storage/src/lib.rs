@@ -10,6 +10,9 @@
 //!   compare-and-swap on `mod_revision` (0 means "the key does not exist");
 //! - reads can be served at a past revision until it is compacted;
 //! - watches deliver every change after a revision, in order, with the previous value;
+//!   a watch with progress ([`Store::watch_with_progress`]) also says, now and then, up to
+//!   which revision it has delivered everything (etcd's progress notifications), so a
+//!   watcher of a quiet prefix still learns how far the store has moved;
 //! - compaction at revision `r` drops the history that reads at `r` and later no longer
 //!   need; reading at a revision below `r`, or watching for changes after one, fails with
 //!   [`Error::Compacted`]. `r` itself stays readable, as in etcd.
@@ -149,6 +152,18 @@ impl Event {
 
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<Event>> + Send>>;
 
+/// One item of a [`ProgressWatchStream`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchItem {
+    Event(Event),
+    /// Every event under the watched prefix with a revision at or below this one has been
+    /// delivered: the watcher may resume from here. Strictly greater than the revision of
+    /// every item before it; the next event, if any, is newer.
+    Progress(Revision),
+}
+
+pub type ProgressWatchStream = Pin<Box<dyn Stream<Item = Result<WatchItem>> + Send>>;
+
 /// Errors every backend maps its failures onto.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
@@ -194,6 +209,15 @@ pub trait Store: Send + Sync + 'static {
     /// [`Error::Compacted`] (etcd also serves `compacted - 1`; do not rely on it). If the stream ends or yields an error, the watcher should
     /// re-watch from the last revision it saw.
     async fn watch(&self, prefix: &str, after_revision: Revision) -> Result<WatchStream>;
+
+    /// [`Store::watch`] with progress notifications between the events: while the prefix is
+    /// quiet and the store moves on, the stream yields [`WatchItem::Progress`] with a newer
+    /// revision now and then (each backend documents how often), and eventually one at
+    /// least as new as the last write. The default implementation yields no progress.
+    async fn watch_with_progress(&self, prefix: &str, after_revision: Revision) -> Result<ProgressWatchStream> {
+        use futures::StreamExt;
+        Ok(self.watch(prefix, after_revision).await?.map(|item| item.map(WatchItem::Event)).boxed())
+    }
 
     /// Drop the history older than `revision`: afterwards reads at `revision` and later
     /// work, reads below it fail with [`Error::Compacted`]. Every key's value as of

@@ -10,7 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::{Error, Event, EventKind, Op, Range, Revision, Store, Txn, TxnOutcome, WatchStream};
+use crate::{
+    Error, Event, EventKind, Op, ProgressWatchStream, Range, Revision, Store, Txn, TxnOutcome, WatchItem, WatchStream,
+};
 
 /// A store under test plus whatever keeps it alive (temp dir, etcd process).
 pub struct Fixture {
@@ -26,7 +28,8 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@each $fixture;
             crud_and_revisions, range_prefix_limit_start, range_at_past_revision, txn_is_all_or_nothing,
             watch_delivers_changes_with_prev, watch_resumes_from_every_revision, compaction,
-            large_values, ten_thousand_keys, concurrent_writers_lose_nothing, slow_watcher_loses_nothing);
+            large_values, ten_thousand_keys, concurrent_writers_lose_nothing, slow_watcher_loses_nothing,
+            watch_progress_on_quiet_prefix, watch_progress_is_ordered);
     };
     (@each $fixture:path; $($name:ident),*) => {
         $(
@@ -401,4 +404,120 @@ pub async fn slow_watcher_loses_nothing(store: Arc<dyn Store>) {
     let events = take_events(&mut w, 6000).await;
     assert!(events.windows(2).all(|p| p[0].revision() < p[1].revision()), "events in strictly increasing order");
     assert_quiet(&mut w).await;
+}
+
+/// The next item of a watch with progress, failing after a generous deadline.
+async fn next_item(stream: &mut ProgressWatchStream) -> WatchItem {
+    match tokio::time::timeout(Duration::from_secs(20), stream.next()).await {
+        Ok(Some(Ok(item))) => item,
+        Ok(Some(Err(e))) => panic!("watch failed: {e}"),
+        Ok(None) => panic!("watch ended"),
+        Err(_) => panic!("no watch item within 20s"),
+    }
+}
+
+fn item_revision(item: &WatchItem) -> Revision {
+    match item {
+        WatchItem::Event(e) => e.revision(),
+        WatchItem::Progress(r) => *r,
+    }
+}
+
+pub async fn watch_progress_on_quiet_prefix(store: Arc<dyn Store>) {
+    let start = store.current_revision().await.unwrap();
+    let mut w = store.watch_with_progress("/quiet/", start).await.unwrap();
+    let mut newest = start;
+    for i in 0..5 {
+        newest = store.create(&format!("/busy/{i}"), b("x")).await.unwrap();
+    }
+    // Only other prefixes were written: the watch reports progress up to the last write.
+    let mut seen = start;
+    while seen < newest {
+        match next_item(&mut w).await {
+            WatchItem::Progress(r) => {
+                assert!(r > seen, "progress {r} after {seen} does not advance");
+                assert!(r <= newest, "progress {r} beyond the store's revision {newest}");
+                seen = r;
+            }
+            WatchItem::Event(e) => panic!("no event expected on a quiet prefix: {e:?}"),
+        }
+    }
+    // A later write to the prefix still arrives, after the progress.
+    let r = store.create("/quiet/a", b("1")).await.unwrap();
+    loop {
+        match next_item(&mut w).await {
+            WatchItem::Progress(p) => assert!(p > seen && p < r, "progress {p} between {seen} and the event at {r}"),
+            WatchItem::Event(e) => {
+                assert_eq!((e.kv.key.as_str(), e.revision()), ("/quiet/a", r));
+                break;
+            }
+        }
+    }
+
+    // A watch resumed from an older revision of the quiet prefix catches up to the newest.
+    let mut w = store.watch_with_progress("/busy-and-quiet/", start).await.unwrap();
+    let mut seen = start;
+    while seen < r {
+        let item = next_item(&mut w).await;
+        assert!(matches!(item, WatchItem::Progress(_)), "no event expected: {item:?}");
+        assert!(item_revision(&item) > seen);
+        seen = item_revision(&item);
+    }
+}
+
+pub async fn watch_progress_is_ordered(store: Arc<dyn Store>) {
+    let start = store.current_revision().await.unwrap();
+    let mut w = store.watch_with_progress("/ord/", start).await.unwrap();
+    // Rounds of concurrent writes inside and outside the prefix, each followed by a pause
+    // with writes outside only, so that progress falls between events.
+    let mut expected: Vec<Revision> = Vec::new();
+    let mut newest = start;
+    for round in 0..4 {
+        let mut tasks = Vec::new();
+        for t in 0..4 {
+            let store = store.clone();
+            let prefix = if t % 2 == 0 { "/ord/" } else { "/noise/" };
+            tasks.push(tokio::spawn(async move {
+                let mut revs = Vec::new();
+                for i in 0..40 {
+                    revs.push((prefix, store.create(&format!("{prefix}{round}-{t}-{i}"), b("v")).await.unwrap()));
+                }
+                revs
+            }));
+        }
+        for t in tasks {
+            for (prefix, rev) in t.await.unwrap() {
+                if prefix == "/ord/" {
+                    expected.push(rev);
+                }
+                newest = newest.max(rev);
+            }
+        }
+        for i in 0..3 {
+            newest = store.create(&format!("/noise/pause-{round}-{i}"), b("v")).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    expected.sort();
+    // Every item is newer than the one before: a progress never claims a revision that an
+    // event still to come has, or is older than.
+    let mut events = Vec::new();
+    let mut progress = 0;
+    let mut prev = start;
+    while events.len() < expected.len() || prev < newest {
+        let item = next_item(&mut w).await;
+        let rev = item_revision(&item);
+        assert!(rev > prev, "{item:?} after revision {prev}");
+        assert!(rev <= newest, "{item:?} beyond the last write {newest}");
+        prev = rev;
+        match item {
+            WatchItem::Event(e) => {
+                assert!(e.kv.key.starts_with("/ord/"), "{e:?}");
+                events.push(rev);
+            }
+            WatchItem::Progress(_) => progress += 1,
+        }
+    }
+    assert_eq!(events, expected, "every event of the prefix, in order");
+    assert!(progress > 0, "the quiet pauses were reported as progress");
 }

@@ -236,6 +236,46 @@ mod etcd_specific {
         assert_eq!(everything.kvs.len(), 12);
     }
 
+    /// With progress requests on (as for etcd 3.4.31+/3.5.13+; the test etcd is older, so
+    /// only a synced watch is asked here), a quiet watch keeps working and reports progress.
+    #[tokio::test]
+    async fn requested_progress_keeps_the_watch_working() {
+        let etcd = EtcdServer::start_async().await.expect("start etcd");
+        let opts = EtcdOptions {
+            progress_interval: Duration::from_millis(50),
+            request_progress: Some(true),
+            ..Default::default()
+        };
+        let store = EtcdStore::connect_with(&etcd.endpoints(), opts).await.expect("connect to etcd");
+        let start = put(&store, "/other/0", "x").await;
+        let mut w = store.watch_with_progress("/quiet/", start).await.unwrap();
+        let mut newest = start;
+        for i in 1..5 {
+            newest = put(&store, &format!("/other/{i}"), "x").await;
+        }
+        let mut seen = start;
+        while seen < newest {
+            match tokio::time::timeout(Duration::from_secs(10), w.next()).await.expect("item within 10s") {
+                Some(Ok(WatchItem::Progress(r))) => {
+                    assert!(r > seen && r <= newest, "progress {r} after {seen}, newest {newest}");
+                    seen = r;
+                }
+                other => panic!("expected progress, got {other:?}"),
+            }
+        }
+        let r = put(&store, "/quiet/a", "1").await;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), w.next()).await.expect("item within 10s") {
+                Some(Ok(WatchItem::Progress(p))) => assert!(p > seen && p < r),
+                Some(Ok(WatchItem::Event(e))) => {
+                    assert_eq!(e.revision(), r);
+                    break;
+                }
+                other => panic!("expected the event, got {other:?}"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn watch_orders_events_with_prev_values() {
         let (_etcd, store) = setup().await;

@@ -1,14 +1,14 @@
 //! Watch: streaming, resume from a resourceVersion (also across an apiserver restart),
 //! 410 Expired for compacted history, selectors, bookmarks, sendInitialEvents, and the kube
-//! runtime watcher recovering from a 410.
+//! runtime watcher recovering from a 410, and bookmarks that follow writes to other resources.
 
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use e2e::{raw, ApiServer};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::{json, Value};
@@ -235,6 +235,53 @@ async fn kube_watcher_with_streaming_lists() -> Result<()> {
             Some(Ok(watcher::Event::Apply(o))) if o.name_any() == "s2" => break,
             Some(Ok(_)) => {}
             other => anyhow::bail!("unexpected {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// A watch of a resource nobody writes still gets bookmarks with a fresh resourceVersion:
+/// storage reports progress when other resources are written, as etcd's progress
+/// notifications do for Kubernetes' watch cache. So a client resuming from its last bookmark
+/// starts from a recent revision rather than one that may have been compacted.
+#[tokio::test]
+async fn bookmarks_follow_writes_to_other_resources() -> Result<()> {
+    let server = ApiServer::start_with(&["--watch-bookmark-interval", "200ms"])?;
+    let client = server.client()?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let wp = WatchParams { bookmarks: true, ..Default::default() }.timeout(60);
+    // From "now": served by the pods' watch cache. From revision 1: older than the cache,
+    // served by a storage watch of its own.
+    let from_cache = pods.watch(&wp, "0").await?.boxed();
+    let from_storage = pods.watch(&wp, "1").await?.boxed();
+    let mut last_write = 0;
+    for i in 0..5 {
+        let c = cms.create(&PostParams::default(), &cm(&format!("bm{i}"), json!({}))?).await?;
+        last_write = c.resource_version().unwrap_or_default().parse()?;
+    }
+    for (name, mut stream) in [("watch cache", from_cache), ("storage watch", from_storage)] {
+        let mut seen = Vec::new();
+        loop {
+            let item = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
+            let event = match item {
+                Ok(Some(event)) => event?,
+                Ok(None) => anyhow::bail!("{name}: the pod watch ended; bookmarks seen: {seen:?}"),
+                Err(_) => anyhow::bail!(
+                    "{name}: no bookmark at or after revision {last_write} within 30s; bookmarks seen: {seen:?}"
+                ),
+            };
+            match event {
+                WatchEvent::Bookmark(b) => {
+                    let rv: i64 = b.metadata.resource_version.parse()?;
+                    ensure!(seen.last().is_none_or(|&prev| prev <= rv), "{name}: bookmark went back: {seen:?}, {rv}");
+                    seen.push(rv);
+                    if rv >= last_write {
+                        break;
+                    }
+                }
+                other => anyhow::bail!("{name}: only bookmarks expected on a pod watch, got {other:?}"),
+            }
         }
     }
     Ok(())

@@ -21,12 +21,30 @@ const RETAIN_KEYS: &str = "$retainKeys";
 const SET_ORDER_PREFIX: &str = "$setElementOrder/";
 const DELETE_PRIMITIVE_PREFIX: &str = "$deleteFromPrimitiveList/";
 
+/// Named schemas that `$ref`s point into (keyed by definition name; the last segment of a
+/// reference is the name). A map holds them all; an apiserver may parse them on demand.
+pub trait Definitions: Sync {
+    fn definition(&self, name: &str) -> Option<&Value>;
+}
+
+impl Definitions for Map<String, Value> {
+    fn definition(&self, name: &str) -> Option<&Value> {
+        self.get(name)
+    }
+}
+
 /// A position in an OpenAPI schema: the node and the definitions `$ref`s point into.
 /// `node: None` means "no schema known" (maps merge, lists replace).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct Schema<'a> {
-    defs: Option<&'a Map<String, Value>>,
+    defs: Option<&'a dyn Definitions>,
     node: Option<&'a Value>,
+}
+
+impl std::fmt::Debug for Schema<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Schema").field("node", &self.node).finish_non_exhaustive()
+    }
 }
 
 /// The patch metadata of one field.
@@ -59,9 +77,8 @@ impl<'a> Schema<'a> {
         Schema { defs: None, node: None }
     }
 
-    /// `node` with `$ref`s resolved against `defs` (keyed by definition name; the last
-    /// segment of the reference is the name).
-    pub fn new(defs: &'a Map<String, Value>, node: &'a Value) -> Self {
+    /// `node` with `$ref`s resolved against `defs`.
+    pub fn new(defs: &'a dyn Definitions, node: &'a Value) -> Self {
         Schema { defs: Some(defs), node: Some(node) }
     }
 
@@ -78,7 +95,7 @@ impl<'a> Schema<'a> {
             match reference {
                 Some(r) => {
                     let name = r.rsplit('/').next().unwrap_or(r);
-                    node = self.defs?.get(name)?;
+                    node = self.defs?.definition(name)?;
                 }
                 None => return Some(node),
             }

@@ -70,8 +70,6 @@ impl Default for Options {
 
 /// Build the application state over a store (already opened).
 pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<server::AppState>> {
-    // Build the OpenAPI documents (and the protobuf field tables) now, not on a first request.
-    let _ = &*openapi::OPENAPI;
     let metrics = metrics::Metrics::new();
     let store: Arc<dyn Store> = Arc::new(metrics::MeteredStore::new(store, metrics.clone()));
     let ip_range = ipalloc::IpRange::parse(&opts.service_cluster_ip_range).map_err(anyhow::Error::msg)?;
@@ -86,17 +84,6 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         server_address: opts.advertise_address.clone(),
         timing: watch::WatchTiming { bookmark_interval: opts.watch_bookmark_interval },
     }))
-}
-
-/// Hand freed heap back to the OS. glibc keeps what a process freed for reuse, so the
-/// scratch memory of building the OpenAPI documents at startup (a peak of ~25 MB, freed
-/// at once) would otherwise stay in a fresh apiserver's resident set for good.
-pub fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free pages of glibc's own heap.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// The namespaces every cluster has.

@@ -125,7 +125,6 @@ async fn main() -> anyhow::Result<()> {
             Err(e) => anyhow::bail!("bootstrap failed: {e}"),
         }
     }
-    apiserver::release_free_memory();
     let addr: SocketAddr = format!("{}:{}", args.bind_address, args.port)
         .parse()
         .with_context(|| format!("invalid --bind-address {:?}", args.bind_address))?;

@@ -67,9 +67,9 @@ pub fn apply(kind: PatchType, doc: &Value, body: &[u8], gvk: Gvk<'_>) -> Result<
                     "error decoding patch: strategic merge patch must be a JSON object".into(),
                 ));
             }
-            let openapi = &*crate::openapi::OPENAPI;
-            let schema = match openapi.schema_of(gvk.0, gvk.1, gvk.2) {
-                Some(root) => Schema::new(&openapi.definitions, root),
+            let defs = &*crate::openapi::DEFINITIONS;
+            let schema = match defs.schema_of(gvk.0, gvk.1, gvk.2) {
+                Some(root) => Schema::new(defs, root),
                 None => Schema::none(),
             };
             strategic_merge_patch(doc, &patch, schema).map_err(|e| PatchError::Apply(e.0))

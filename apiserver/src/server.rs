@@ -129,7 +129,7 @@ fn accepts_json(headers: &HeaderMap) -> bool {
 async fn openapi_v2(headers: HeaderMap) -> Response {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
     if accept.contains("application/com.github.proto-openapi.spec.v2") {
-        let mut r = serve_doc(&headers, &crate::openapi::OPENAPI.v2_proto, false);
+        let mut r = serve_doc(&headers, crate::openapi::v2_proto(), false);
         if r.status() == StatusCode::OK {
             r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::openapi_proto::MEDIA_TYPE));
         }
@@ -139,14 +139,11 @@ async fn openapi_v2(headers: HeaderMap) -> Response {
         return ApiError::new(406, "NotAcceptable", "only application/json is supported for /openapi/v2")
             .into_response();
     }
-    serve_doc(&headers, &crate::openapi::OPENAPI.v2, false)
+    serve_doc(&headers, crate::openapi::v2(), false)
 }
 
 async fn openapi_v3_root(headers: HeaderMap) -> Response {
-    if crate::resources::all().iter().any(|r| r.custom.is_some()) {
-        return serve_doc(&headers, &crate::openapi::v3_root(), false);
-    }
-    serve_doc(&headers, &crate::openapi::OPENAPI.v3_root, false)
+    serve_doc(&headers, &crate::openapi::v3_root(), false)
 }
 
 async fn openapi_v3(
@@ -155,7 +152,7 @@ async fn openapi_v3(
     uri: axum::http::Uri,
 ) -> Response {
     let gv = gv.trim_matches('/');
-    match crate::openapi::OPENAPI.v3.get(gv) {
+    match crate::openapi::v3(gv) {
         Some(doc) => serve_doc(&headers, doc, uri.query().is_some_and(|q| q.contains("hash="))),
         None => match crate::openapi::custom_gv_doc(gv) {
             Some(doc) => serve_doc(&headers, &doc, false),
@@ -1235,10 +1232,10 @@ async fn serve_watch(
                     if let Some(t) = watch::event_type(&ev, &filter) {
                         if !send(enc.line(t, &ev.object, Some(&ev.object_json))).await {
                             return;
-                last = last.max(complete);
                         }
                     }
                 }
+                last = last.max(complete);
                 loop {
                     tokio::select! {
                         _ = tokio::time::sleep_until(deadline) => break,

@@ -28,9 +28,15 @@ pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 const MAGIC: &[u8] = b"k8s\0";
 
 /// JSON property names of each message's fields, by tag.
+/// Only the definitions' property names are read, not whole schemas.
 static JSON_NAMES: LazyLock<HashMap<String, HashMap<u32, String>>> = LazyLock::new(|| {
-    let defs = &crate::openapi::OPENAPI.definitions;
-    let by_lower: HashMap<String, &Value> = defs.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+    #[derive(serde::Deserialize)]
+    struct Properties<'a> {
+        #[serde(borrow, default)]
+        properties: HashMap<std::borrow::Cow<'a, str>, serde::de::IgnoredAny>,
+    }
+    let defs = &*crate::openapi::DEFINITIONS;
+    let by_lower: HashMap<String, &'static str> = defs.names().map(|k| (k.to_ascii_lowercase(), k)).collect();
     let mut out = HashMap::new();
     for (name, msg) in &DESCRIPTORS.messages {
         let def_name = format!("io.k8s.{name}")
@@ -39,9 +45,9 @@ static JSON_NAMES: LazyLock<HashMap<String, HashMap<u32, String>>> = LazyLock::n
             .to_ascii_lowercase();
         let props: HashMap<String, String> = by_lower
             .get(&def_name)
-            .and_then(|d| d.get("properties"))
-            .and_then(Value::as_object)
-            .map(|p| p.keys().map(|k| (normalized(k), k.clone())).collect())
+            .and_then(|d| defs.raw(d))
+            .and_then(|raw| serde_json::from_str::<Properties<'_>>(raw).ok())
+            .map(|p| p.properties.keys().map(|k| (normalized(k), k.to_string())).collect())
             .unwrap_or_default();
         let names = msg
             .fields
@@ -56,19 +62,7 @@ static JSON_NAMES: LazyLock<HashMap<String, HashMap<u32, String>>> = LazyLock::n
 });
 
 fn lower_camel(snake: &str) -> String {
-    let mut out = String::new();
-    let mut up = false;
-    for c in snake.trim_start_matches("r#").chars() {
-        if c == '_' {
-            up = true;
-        } else if up {
-            out.extend(c.to_uppercase());
-            up = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::openapi::camel_case(snake.trim_start_matches("r#"), false)
 }
 
 /// Whether a Content-Type (without parameters, lower-cased) is Kubernetes protobuf.
@@ -110,9 +104,8 @@ pub fn decode(body: &[u8]) -> Result<Value, String> {
         Some((g, v)) => (g, v),
         None => ("", api_version.as_str()),
     };
-    let def = crate::openapi::OPENAPI
-        .by_gvk
-        .get(&(group.to_string(), version.to_string(), kind.clone()))
+    let def = crate::openapi::DEFINITIONS
+        .name_of(group, version, &kind)
         .ok_or_else(|| format!("no kind \"{kind}\" is registered for version \"{api_version}\""))?;
     let (msg, _) =
         DESCRIPTORS.message_for_definition(def).ok_or_else(|| format!("no protobuf message is known for {kind}"))?;

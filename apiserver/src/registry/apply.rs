@@ -76,9 +76,9 @@ impl Registry {
                 vec![FieldError::required("fieldManager", "is required for apply patch")],
             ));
         }
-        let openapi = &*crate::openapi::OPENAPI;
-        let root = openapi.schema_of(res.group, res.version, res.kind);
-        let schema = root.map(|r| Schema::new(&openapi.definitions, r)).unwrap_or_else(Schema::none);
+        let defs = &*crate::openapi::DEFINITIONS;
+        let schema =
+            defs.schema_of(res.group, res.version, res.kind).map_or_else(Schema::none, |r| Schema::new(defs, r));
         let api_version = res.api_version();
         let now = now_rfc3339();
         let req = ApplyRequest { manager: opts.field_manager, api_version: &api_version, force: opts.force, now: &now };

@@ -306,6 +306,7 @@ fn normalize_custom(mut v: Value) -> Result<Value, String> {
     Ok(v)
 }
 
+#[cfg(test)]
 fn no_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
     g.subschema_for::<serde_json::Value>()
 }
@@ -383,6 +384,7 @@ pub fn resource_defs(crd: &Value) -> Vec<&'static ResourceDef> {
             storage,
             strategy,
             normalize: normalize_custom,
+            #[cfg(test)]
             schema: no_schema,
             custom: Some(custom),
         })));

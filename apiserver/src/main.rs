@@ -64,9 +64,18 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // `Targets` takes the same `level` / `target=level,...` lists as EnvFilter without its
+    // span and field matchers, and without linking a regex engine into the apiserver.
+    let filter: tracing_subscriber::filter::Targets =
+        args.log_level.parse().with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        tracing_subscriber::registry()
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(filter)
+            .init();
+    }
 
     let authn = match &args.token_auth_file {
         Some(path) => {

@@ -2,8 +2,6 @@
 //! into the apiserver: each minified with its ETag, `/openapi/v2` also as gnostic protobuf,
 //! and the `/openapi/v3` index. `src/openapi/mod.rs` includes the generated table.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
@@ -12,26 +10,10 @@ use serde_json::{json, Value};
 #[path = "src/openapi_proto.rs"]
 mod openapi_proto;
 
-/// As `etag` in src/openapi/mod.rs.
-fn etag(bytes: &[u8]) -> String {
-    let mut h = DefaultHasher::new();
-    bytes.hash(&mut h);
-    let mut h2 = DefaultHasher::new();
-    (bytes.len(), &bytes[bytes.len() / 2..]).hash(&mut h2);
-    format!("{:016X}{:016X}", h.finish(), h2.finish())
-}
+#[path = "src/openapi/files.rs"]
+mod files;
 
-fn json_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    for entry in entries {
-        let path = entry.unwrap_or_else(|e| panic!("{}: {e}", dir.display())).path();
-        if path.is_dir() {
-            json_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "json") {
-            out.push(path);
-        }
-    }
-}
+use files::{etag, json_files};
 
 fn main() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi");
@@ -57,14 +39,13 @@ fn main() {
     let (v2_doc, _) = embed(&serde_json::to_vec(&v2).expect("serialize"));
     let (v2_proto, _) = embed(&openapi_proto::encode(&v2));
 
-    let mut files = Vec::new();
-    json_files(&src.join("v3"), &mut files);
-    files.sort();
+    let v3_dir = src.join("v3");
+    let files = json_files(&v3_dir).unwrap_or_else(|e| panic!("{}: {e}", v3_dir.display()));
     let count = files.len();
     let mut v3 = String::new();
     let mut index = serde_json::Map::new();
     for f in files {
-        let gv = f.strip_prefix(src.join("v3")).expect("under v3").with_extension("");
+        let gv = f.strip_prefix(&v3_dir).expect("under v3").with_extension("");
         let gv = gv.to_string_lossy().replace('\\', "/");
         let (doc, tag) = embed(&serde_json::to_vec(&read(&f)).expect("serialize"));
         index.insert(gv.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash={tag}")}));

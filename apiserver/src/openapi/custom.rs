@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::paths::{resource_paths, Flavor};
-use super::{reachable, rewrite_refs, Doc, DEFINITIONS, META, V2_PREFIX, V3_PREFIX};
+use super::{meta_roots, v3_schemas, Doc, DEFINITIONS, META, V3_PREFIX};
 use crate::resources::{ResourceDef, Sub};
 
 /// The definition name of a custom kind, as Kubernetes names it: reversed group, version, kind
@@ -34,27 +34,24 @@ pub fn v3_root() -> Doc {
     }
     let mut root: Value =
         serde_json::from_slice(&super::generated::V3_ROOT.bytes).unwrap_or_else(|_| json!({"paths": {}}));
-    for gv in custom.keys() {
-        if let Some(doc) = custom_gv_doc(gv) {
-            root["paths"][gv] = json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash={}", doc.etag)});
-        }
+    for (gv, rs) in &custom {
+        let doc = gv_doc(rs);
+        root["paths"][gv] = json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash={}", doc.etag)});
     }
     Doc::new(&root)
 }
 
 /// The OpenAPI v3 document of a custom resource group/version, from the CRDs' schemas.
 pub fn custom_gv_doc(gv: &str) -> Option<Doc> {
-    let rs = custom_gvs().remove(gv)?;
-    let mut schemas = Map::new();
+    custom_gvs().get(gv).map(|rs| gv_doc(rs))
+}
+
+/// The document of one group/version's custom resources.
+fn gv_doc(rs: &[&'static ResourceDef]) -> Doc {
     let mut paths = BTreeMap::new();
-    let mut roots = vec![
-        format!("{META}.Status"),
-        format!("{META}.DeleteOptions"),
-        format!("{META}.Patch"),
-        format!("{META}.ObjectMeta"),
-        format!("{META}.ListMeta"),
-    ];
-    for r in &rs {
+    let mut custom_schemas = Vec::new();
+    let mut roots = meta_roots(&["ObjectMeta", "ListMeta"]);
+    for r in rs {
         let Some(info) = r.custom else { continue };
         let name = custom_definition_name(r);
         let mut schema = info.schema.clone();
@@ -65,31 +62,26 @@ pub fn custom_gv_doc(gv: &str) -> Option<Doc> {
         schema["properties"]["kind"] = json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents."});
         schema["properties"]["metadata"] = json!({"allOf": [{"$ref": format!("{V3_PREFIX}{META}.ObjectMeta")}], "description": "Standard object's metadata."});
         schema["x-kubernetes-group-version-kind"] = json!([{"group": r.group, "kind": r.kind, "version": r.version}]);
-        schemas.insert(name.clone(), schema);
-        schemas.insert(
+        custom_schemas.push((name.clone(), schema));
+        custom_schemas.push((
             format!("{name}List"),
             json!({"type": "object", "required": ["items"], "properties": {
                 "apiVersion": {"type": "string"}, "kind": {"type": "string"},
                 "items": {"type": "array", "items": {"$ref": format!("{V3_PREFIX}{name}")}},
                 "metadata": {"allOf": [{"$ref": format!("{V3_PREFIX}{META}.ListMeta")}]}},
                 "x-kubernetes-group-version-kind": [{"group": r.group, "kind": format!("{}List", r.kind), "version": r.version}]}),
-        );
+        ));
         resource_paths(Flavor::V3, r, &name, &mut paths);
         if r.subresources.contains(&Sub::Scale) {
             roots.push("io.k8s.api.autoscaling.v1.Scale".into());
         }
     }
-    for n in reachable(&*DEFINITIONS, roots) {
-        if let Some(d) = DEFINITIONS.get(&n) {
-            let mut d = d.clone();
-            rewrite_refs(&mut d, V2_PREFIX, V3_PREFIX);
-            schemas.insert(n, d);
-        }
-    }
-    Some(Doc::new(&json!({
+    let mut schemas = v3_schemas(&*DEFINITIONS, roots);
+    schemas.extend(custom_schemas);
+    Doc::new(&json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes CRD Swagger", "version": "v0.1.0"},
         "paths": paths,
         "components": {"schemas": schemas},
-    })))
+    }))
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use super::paths::{resource_paths, Flavor};
-use super::{reachable, rewrite_refs, META, V2_PREFIX, V3_PREFIX};
+use super::{meta_roots, rewrite_refs, v3_schemas, META, V2_PREFIX};
 use crate::protobuf::descriptors::{normalized, DESCRIPTORS};
 use crate::resources::{ResourceDef, Sub, RESOURCES};
 
@@ -147,12 +147,7 @@ fn documents() -> BTreeMap<String, Value> {
     }
     for (gv, rs) in gvs {
         let mut paths = BTreeMap::new();
-        let mut roots = vec![
-            format!("{META}.Status"),
-            format!("{META}.DeleteOptions"),
-            format!("{META}.Patch"),
-            format!("{META}.WatchEvent"),
-        ];
+        let mut roots = meta_roots(&["WatchEvent"]);
         for r in &rs {
             if let Some(def) = def_of(r) {
                 resource_paths(Flavor::V3, r, &def, &mut paths);
@@ -163,15 +158,7 @@ fn documents() -> BTreeMap<String, Value> {
                 }
             }
         }
-        let names = reachable(&definitions, roots);
-        let mut schemas = Map::new();
-        for n in names {
-            if let Some(d) = definitions.get(&n) {
-                let mut d = d.clone();
-                rewrite_refs(&mut d, V2_PREFIX, V3_PREFIX);
-                schemas.insert(n, d);
-            }
-        }
+        let schemas = v3_schemas(&definitions, roots);
         let doc = json!({
             "openapi": "3.0.0",
             "info": {"title": "Kubernetes", "version": INFO},
@@ -189,17 +176,6 @@ fn documents() -> BTreeMap<String, Value> {
 
 fn committed_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi")
-}
-
-fn json_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            json_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "json") {
-            out.push(path);
-        }
-    }
 }
 
 /// The committed documents are what the types generate; with `UPDATE_OPENAPI=1`
@@ -223,9 +199,7 @@ fn committed_documents_are_current() {
             stale.push(rel.clone());
         }
     }
-    let mut files = Vec::new();
-    json_files(&dir, &mut files);
-    for f in files {
+    for f in super::files::json_files(&dir).unwrap() {
         let rel = f.strip_prefix(&dir).unwrap().to_string_lossy().into_owned();
         if !docs.contains_key(&rel) {
             if update {

@@ -22,21 +22,22 @@
 //! resources' documents are built from their CRDs when asked for ([`custom`]).
 
 mod custom;
+mod files;
 #[cfg(test)]
 mod generate;
 mod paths;
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
 use std::sync::{LazyLock, OnceLock};
 
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 pub use custom::{custom_gv_doc, v3_root};
+use files::etag;
 pub(crate) use paths::camel_case;
 
 const V2_PREFIX: &str = "#/definitions/";
@@ -61,15 +62,6 @@ impl Doc {
         let etag = Cow::Owned(etag(&bytes));
         Doc { bytes, etag }
     }
-}
-
-/// The entity tag of a document (`build.rs` computes the embedded ones the same way).
-fn etag(bytes: &[u8]) -> String {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    let mut h2 = std::collections::hash_map::DefaultHasher::new();
-    (bytes.len(), &bytes[bytes.len() / 2..]).hash(&mut h2);
-    format!("{:016X}{:016X}", h.finish(), h2.finish())
 }
 
 /// The built-in documents, from `build.rs`: `V2`, `V2_PROTO`, `V3_ROOT` and `V3`
@@ -203,6 +195,25 @@ fn rewrite_refs(v: &mut Value, from: &str, to: &str) {
         Value::Array(a) => a.iter_mut().for_each(|x| rewrite_refs(x, from, to)),
         _ => {}
     }
+}
+
+/// The meta definitions every group/version document carries, and `extra` ones of meta/v1.
+fn meta_roots(extra: &[&str]) -> Vec<String> {
+    ["Status", "DeleteOptions", "Patch"].iter().chain(extra).map(|n| format!("{META}.{n}")).collect()
+}
+
+/// The definitions `roots` refer to, transitively, in OpenAPI 3 form (references into
+/// `#/components/schemas/`), as a document's `components.schemas`.
+fn v3_schemas(defs: &dyn apimachinery::strategicpatch::Definitions, roots: Vec<String>) -> Map<String, Value> {
+    let mut schemas = Map::new();
+    for n in reachable(defs, roots) {
+        if let Some(d) = defs.definition(&n) {
+            let mut d = d.clone();
+            rewrite_refs(&mut d, V2_PREFIX, V3_PREFIX);
+            schemas.insert(n, d);
+        }
+    }
+    schemas
 }
 
 /// The names of the definitions `roots` refer to, transitively.

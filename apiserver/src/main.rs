@@ -34,6 +34,11 @@ struct Args {
     /// Bound on concurrent mutating requests (429 beyond it).
     #[arg(long, default_value_t = 200)]
     max_mutating_requests_inflight: usize,
+    /// Events each resource's watch cache keeps for watchers resuming from an older
+    /// resourceVersion (older ones are served by a storage watch of their own). 0 keeps
+    /// none; watchers still share the cache's single storage watch.
+    #[arg(long, default_value_t = 100)]
+    default_watch_cache_size: usize,
     /// How often storage history is compacted (Go duration, e.g. 5m, 30s; 0 disables).
     #[arg(long, default_value = "5m")]
     etcd_compaction_interval: String,
@@ -114,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
         advertise_address: advertise,
         port: args.port,
         watch_bookmark_interval,
+        watch_cache_size: args.default_watch_cache_size,
         ..Default::default()
     };
     let state = apiserver::build_state(store, &opts)?;

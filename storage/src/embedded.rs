@@ -218,13 +218,20 @@ fn writer_gone() -> Error {
     Error::Unavailable("the storage writer failed earlier; restart the apiserver".into())
 }
 
+/// SQLite's page cache per connection, in KiB (SQLite's own default). The kernel's page
+/// cache keeps the file's hot pages anyway; a larger cache only duplicates them in the
+/// apiserver's resident set, and it fills with the append-only log's pages: at 32 MB per
+/// connection, 15,000 pod status updates grew the apiserver by 21 MB and one list by 18 MB
+/// more, against 2 MB and 3 MB with this size.
+const CACHE_KIB: u32 = 2000;
+
 fn open_connection(path: &Path, fsync: bool) -> Result<Connection> {
     let conn =
         Connection::open(path).map_err(|e| Error::Unavailable(format!("cannot open {}: {e}", path.display())))?;
     let sync = if fsync { "FULL" } else { "NORMAL" };
     conn.execute_batch(&format!(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA busy_timeout = 10000; \
-         PRAGMA cache_size = -32000; PRAGMA temp_store = MEMORY;"
+         PRAGMA cache_size = -{CACHE_KIB}; PRAGMA temp_store = MEMORY;"
     ))
     .map_err(sql_err)?;
     // Plans do not depend on bound values (no LIKE/STAT4 tricks here). Without this, the

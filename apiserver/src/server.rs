@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
@@ -25,7 +24,7 @@ use crate::registry::generic::{
 use crate::requestinfo::{self, ResourcePath, Target};
 use crate::resources::{self, ResourceDef, Sub};
 use crate::selectors::{FieldSelector, LabelSelector};
-use crate::watch::{self, Filter, Subscription, WatchCaches, WatchTiming};
+use crate::watch::{self, Filter, WatchCaches, WatchTiming};
 
 /// Kubernetes' request body limit.
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
@@ -1219,87 +1218,37 @@ async fn serve_watch(
                 return;
             }
         }
-        let mut last = after;
-        if end_bookmark && !send(watch::bookmark_line(&api_version, res.kind, last, true)).await {
+        if end_bookmark && !send(watch::bookmark_line(&api_version, res.kind, after, true)).await {
             return;
         }
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + timing.bookmark_interval, timing.bookmark_interval);
-        match cache.subscribe(after) {
-            Subscription::Cache { backlog, complete, mut rx } => {
-                for ev in backlog {
-                    last = last.max(ev.revision);
-                    if let Some(t) = watch::event_type(&ev, &filter) {
-                        if !send(enc.line(t, &ev.object, Some(&ev.object_json))).await {
-                            return;
+        let mut events = watch::WatcherEvents::new(cache, store, filter.key_prefix.clone(), after);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = tx.closed() => return,
+                _ = ticker.tick(), if bookmarks => {
+                    let rv = events.last_revision();
+                    if !send(watch::bookmark_line(&api_version, res.kind, rv, false)).await { return; }
+                }
+                ev = events.next() => match ev {
+                    Some(Ok(ev)) => {
+                        if let Some(t) = watch::event_type(&ev, &filter) {
+                            if !send(enc.line(t, &ev.object, Some(&ev.object_json))).await { return; }
                         }
                     }
-                }
-                last = last.max(complete);
-                loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(deadline) => break,
-                        _ = tx.closed() => return,
-                        _ = ticker.tick(), if bookmarks => {
-                            if !send(watch::bookmark_line(&api_version, res.kind, last, false)).await { return; }
-                        }
-                        r = rx.recv() => match r {
-                            // Every event up to `rev` has come through: bookmarks may say so.
-                            Ok(watch::CacheUpdate::Progress(rev)) => last = last.max(rev),
-                            Ok(watch::CacheUpdate::Event(ev)) => {
-                                if ev.revision <= after { continue; }
-                                last = last.max(ev.revision);
-                                if let Some(t) = watch::event_type(&ev, &filter) {
-                                    if !send(enc.line(t, &ev.object, Some(&ev.object_json))).await { return; }
-                                }
-                            }
-                            // Too slow, or the cache was reset: end the stream; the client
-                            // re-watches from its last resourceVersion.
-                            Err(_) => return,
-                        }
-                    }
-                }
-            }
-            Subscription::TooOld => {
-                // Older than the cache: follow storage directly from `after`.
-                let mut stream = match store.watch_with_progress(&filter.key_prefix, after).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        let _ = send(watch::error_line(&watch_error(e, after))).await;
+                    Some(Err(e)) => {
+                        let _ = send(watch::error_line(&e)).await;
                         return;
                     }
-                };
-                loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(deadline) => break,
-                        _ = tx.closed() => return,
-                        _ = ticker.tick(), if bookmarks => {
-                            if !send(watch::bookmark_line(&api_version, res.kind, last, false)).await { return; }
-                        }
-                        item = stream.next() => match item {
-                            Some(Ok(storage::WatchItem::Progress(rev))) => last = last.max(rev),
-                            Some(Ok(storage::WatchItem::Event(sev))) => {
-                                let ev = match watch::CachedEvent::from_storage(&sev) {
-                                    Ok(ev) => ev,
-                                    Err(e) => { let _ = send(watch::error_line(&e)).await; return; }
-                                };
-                                last = last.max(ev.revision);
-                                if let Some(t) = watch::event_type(&ev, &filter) {
-                                    if !send(enc.line(t, &ev.object, Some(&ev.object_json))).await { return; }
-                                }
-                            }
-                            Some(Err(e)) => {
-                                let _ = send(watch::error_line(&watch_error(e, after))).await;
-                                return;
-                            }
-                            None => return,
-                        }
-                    }
+                    // The cache was reset: the client re-watches from its last resourceVersion.
+                    None => return,
                 }
             }
         }
         if bookmarks {
-            let _ = send(watch::bookmark_line(&api_version, res.kind, last, false)).await;
+            let _ = send(watch::bookmark_line(&api_version, res.kind, events.last_revision(), false)).await;
         }
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
@@ -1307,17 +1256,6 @@ async fn serve_watch(
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
     Ok(resp)
-}
-
-/// The error event for a failed storage watch; a compaction is reported with the
-/// resourceVersion the client asked for, as Kubernetes does.
-fn watch_error(e: storage::Error, requested: i64) -> ApiError {
-    match e {
-        storage::Error::Compacted { compacted, .. } => {
-            ApiError::gone(format!("too old resource version: {requested} ({})", compacted + 1))
-        }
-        other => other.into(),
-    }
 }
 
 /// Key of an object, exposed for the bootstrap.

@@ -2,8 +2,9 @@
 //! resource through a ring buffer of recent events and a broadcast channel.
 //!
 //! Guarantees: a watcher that starts after revision R gets every event with revision > R
-//! once, in order. Events older than the ring are served by a direct storage watch (so a
-//! resume after an apiserver restart has no gap); history compacted away is a 410.
+//! once, in order. Events older than the ring are served by a storage watch of the
+//! watcher's own until it has caught up with the ring ([`WatcherEvents`]), so a resume after
+//! an apiserver restart has no gap; history compacted away is a 410.
 //!
 //! The storage watch has progress ([`Store::watch_with_progress`]): when other resources are
 //! written, the cache learns that it has every event of its own up to a newer revision,
@@ -96,7 +97,9 @@ pub enum Subscription {
     TooOld,
 }
 
-const CHANNEL_CAPACITY: usize = 4096;
+/// Updates a live watcher may fall behind before it catches up from the ring or storage
+/// instead. tokio allocates every slot up front (~40 bytes each), per watched resource.
+const CHANNEL_CAPACITY: usize = 256;
 
 impl WatchCache {
     fn new(prefix: String, capacity: usize, start_rev: Revision) -> Self {
@@ -199,6 +202,164 @@ impl WatchCaches {
         map.insert(prefix.to_string(), cache.clone());
         tokio::spawn(feed(self.store.clone(), cache.clone(), rev));
         Ok(cache)
+    }
+}
+
+/// How long a watcher following storage waits for an item before checking again whether
+/// the cache can take over (an etcd without progress notifications may send nothing).
+const HANDOVER_CHECK: Duration = Duration::from_secs(1);
+
+/// The events one watcher receives after a revision, in order, each once.
+///
+/// They come from the cache when its ring reaches back far enough. Otherwise the watcher
+/// follows a storage watch of its own only until it has caught up with the ring, then
+/// hands over to the cache; a watcher too slow for the cache's channel goes back the same
+/// way. So a watcher costs a storage watch only while it catches up, however small the
+/// ring, and resuming from an old resourceVersion never has a gap.
+pub struct WatcherEvents {
+    cache: Arc<WatchCache>,
+    store: Arc<dyn Store>,
+    /// The storage key prefix this watcher needs (its namespace, if any).
+    key_prefix: String,
+    /// The resourceVersion the client asked for (410 messages name it).
+    requested: Revision,
+    /// Every event up to here has been handed out (or is not this watcher's).
+    last: Revision,
+    source: Source,
+}
+
+enum Source {
+    /// Start (again) from `last`: from the cache if it can, else from storage. Also the
+    /// state a cancelled restart leaves behind, so `next` is cancel-safe.
+    Resume,
+    Cache {
+        backlog: VecDeque<Arc<CachedEvent>>,
+        complete: Revision,
+        rx: broadcast::Receiver<CacheUpdate>,
+    },
+    Storage(storage::ProgressWatchStream),
+    Ended,
+}
+
+impl WatcherEvents {
+    pub fn new(cache: Arc<WatchCache>, store: Arc<dyn Store>, key_prefix: String, after: Revision) -> Self {
+        WatcherEvents { cache, store, key_prefix, requested: after, last: after, source: Source::Resume }
+    }
+
+    /// Every event up to this revision has been returned: what a BOOKMARK may say.
+    pub fn last_revision(&self) -> Revision {
+        self.last
+    }
+
+    /// Whether the next events come from the cache (for tests and metrics).
+    pub fn from_cache(&self) -> bool {
+        matches!(self.source, Source::Cache { .. })
+    }
+
+    /// Switch to the cache if its ring has everything after `last`.
+    fn try_cache(&mut self) -> bool {
+        match self.cache.subscribe(self.last) {
+            Subscription::Cache { backlog, complete, rx } => {
+                self.source = Source::Cache { backlog: backlog.into(), complete, rx };
+                true
+            }
+            Subscription::TooOld => false,
+        }
+    }
+
+    fn end(&mut self, e: storage::Error) -> Option<Result<Arc<CachedEvent>, ApiError>> {
+        self.source = Source::Ended;
+        Some(Err(storage_watch_error(e, self.requested)))
+    }
+
+    /// The next event; `None` when the stream is over (the cache was reset after a
+    /// compaction: the client re-watches and may get a 410). Cancel-safe.
+    pub async fn next(&mut self) -> Option<Result<Arc<CachedEvent>, ApiError>> {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            match &mut self.source {
+                Source::Ended => return None,
+                Source::Resume => {
+                    if !self.try_cache() {
+                        match self.store.watch_with_progress(&self.key_prefix, self.last).await {
+                            Ok(s) => self.source = Source::Storage(s),
+                            Err(e) => return self.end(e),
+                        }
+                    }
+                }
+                Source::Cache { backlog, complete, rx } => {
+                    if let Some(ev) = backlog.pop_front() {
+                        if ev.revision > self.last {
+                            self.last = ev.revision;
+                            return Some(Ok(ev));
+                        }
+                        continue;
+                    }
+                    self.last = self.last.max(*complete);
+                    match rx.recv().await {
+                        Ok(CacheUpdate::Event(ev)) if ev.revision > self.last => {
+                            self.last = ev.revision;
+                            return Some(Ok(ev));
+                        }
+                        Ok(CacheUpdate::Event(_)) => {}
+                        Ok(CacheUpdate::Progress(rev)) => self.last = self.last.max(rev),
+                        // Too slow for the channel: catch up from the ring or from storage.
+                        Err(RecvError::Lagged(_)) => self.source = Source::Resume,
+                        Err(RecvError::Closed) => {
+                            self.source = Source::Ended;
+                            return None;
+                        }
+                    }
+                }
+                Source::Storage(stream) => {
+                    let item = tokio::select! {
+                        item = stream.next() => Some(item),
+                        _ = tokio::time::sleep(HANDOVER_CHECK) => None,
+                    };
+                    let event = match item {
+                        None => None,
+                        Some(None) => {
+                            self.source = Source::Ended;
+                            return None;
+                        }
+                        Some(Some(Err(e))) => return self.end(e),
+                        Some(Some(Ok(WatchItem::Progress(rev)))) => {
+                            self.last = self.last.max(rev);
+                            None
+                        }
+                        Some(Some(Ok(WatchItem::Event(sev)))) if sev.revision() > self.last => {
+                            match CachedEvent::from_storage(&sev) {
+                                Ok(ev) => Some(Arc::new(ev)),
+                                Err(e) => {
+                                    self.source = Source::Ended;
+                                    return Some(Err(e));
+                                }
+                            }
+                        }
+                        Some(Some(Ok(WatchItem::Event(_)))) => None,
+                    };
+                    if let Some(ev) = &event {
+                        self.last = ev.revision;
+                    }
+                    // Caught up with the ring? Then the cache takes over.
+                    self.try_cache();
+                    if let Some(ev) = event {
+                        return Some(Ok(ev));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The error event for a failed storage watch; a compaction is reported with the
+/// resourceVersion the client asked for, as Kubernetes does.
+pub fn storage_watch_error(e: storage::Error, requested: Revision) -> ApiError {
+    match e {
+        storage::Error::Compacted { compacted, .. } => {
+            ApiError::gone(format!("too old resource version: {requested} ({})", compacted + 1))
+        }
+        other => other.into(),
     }
 }
 
@@ -503,6 +664,100 @@ mod tests {
             }
             Subscription::TooOld => panic!("the cache started at 10"),
         }
+    }
+
+    /// An embedded store in a temp dir, with pods written at revisions 2..=n+1.
+    async fn store_with_pods(dir: &tempfile::TempDir, n: usize) -> Arc<dyn Store> {
+        let store: Arc<dyn Store> = Arc::new(storage::embedded::SqliteStore::open(dir.path().join("db")).unwrap());
+        for i in 0..n {
+            write_pod(&*store, i).await;
+        }
+        store
+    }
+
+    async fn write_pod(store: &dyn Store, i: usize) -> Revision {
+        let value = format!(r#"{{"metadata":{{"name":"p{i}","namespace":"default"}}}}"#);
+        store.create(&format!("/registry/pods/default/p{i}"), Bytes::from(value)).await.unwrap()
+    }
+
+    async fn next_revision(w: &mut WatcherEvents) -> Revision {
+        match tokio::time::timeout(Duration::from_secs(10), w.next()).await {
+            Ok(Some(Ok(ev))) => ev.revision,
+            other => panic!("expected an event, got {:?}", other.map(|o| o.map(|r| r.map(|e| e.revision)))),
+        }
+    }
+
+    /// Waits until the cache has seen `rev`.
+    async fn cache_reaches(cache: &WatchCache, rev: Revision) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while cache.last_revision() < rev {
+            assert!(tokio::time::Instant::now() < deadline, "the cache never reached {rev}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_watcher_older_than_the_ring_catches_up_from_storage_then_uses_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_pods(&dir, 5).await; // revisions 2..=6
+        let caches = WatchCaches::new(store.clone(), 3);
+        let cache = caches.get("/registry/pods/").await.unwrap();
+        let mut last = 0;
+        for i in 5..15 {
+            last = write_pod(&*store, i).await; // 7..=16; the ring keeps 14..=16
+        }
+        cache_reaches(&cache, last).await;
+
+        let mut w = WatcherEvents::new(cache.clone(), store.clone(), "/registry/pods/".into(), 3);
+        let mut got = Vec::new();
+        for _ in 0..13 {
+            got.push(next_revision(&mut w).await);
+        }
+        assert_eq!(got, (4..=16).collect::<Vec<_>>(), "every event after 3, once, in order");
+        assert!(w.from_cache(), "caught up: the storage watch handed over to the cache");
+        let r = write_pod(&*store, 99).await;
+        assert_eq!(next_revision(&mut w).await, r);
+        assert_eq!(w.last_revision(), r);
+    }
+
+    #[tokio::test]
+    async fn a_watcher_too_slow_for_the_channel_catches_up_without_a_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_pods(&dir, 1).await; // revision 2
+        let caches = WatchCaches::new(store.clone(), 3);
+        let cache = caches.get("/registry/pods/").await.unwrap();
+        let mut w = WatcherEvents::new(cache.clone(), store.clone(), "/registry/pods/".into(), 2);
+        let first = write_pod(&*store, 1).await;
+        assert_eq!(next_revision(&mut w).await, first);
+        assert!(w.from_cache());
+        // More than the channel holds while the watcher does not read.
+        let mut last = first;
+        for i in 2..(CHANNEL_CAPACITY + 50) {
+            last = write_pod(&*store, i).await;
+        }
+        cache_reaches(&cache, last).await;
+        for want in first + 1..=last {
+            assert_eq!(next_revision(&mut w).await, want);
+        }
+        assert!(w.from_cache(), "back on the cache once caught up");
+    }
+
+    #[tokio::test]
+    async fn a_compacted_revision_is_a_410_naming_the_requested_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_pods(&dir, 10).await; // revisions 2..=11
+        store.compact(8).await.unwrap();
+        let caches = WatchCaches::new(store.clone(), 3);
+        let cache = caches.get("/registry/pods/").await.unwrap();
+        let mut w = WatcherEvents::new(cache, store, "/registry/pods/".into(), 4);
+        match w.next().await {
+            Some(Err(e)) => {
+                assert_eq!(e.code, 410);
+                assert!(e.message.contains("too old resource version: 4"), "{}", e.message);
+            }
+            other => panic!("expected a 410, got {:?}", other.map(|o| o.map(|e| e.revision))),
+        }
+        assert!(w.next().await.is_none(), "the stream is over after the error");
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub mod registry;
 pub mod requestinfo;
 pub mod resources;
 pub mod selectors;
+pub mod serve;
 pub mod server;
 pub mod table;
 pub mod validation;

@@ -151,11 +151,7 @@ async fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         tracing::warn!(%addr, "serving the Kubernetes API without authentication (--insecure-port)");
         let app = apiserver::server::router(state.clone());
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await {
-                tracing::error!(error = %e, "insecure listener failed");
-            }
-        });
+        tokio::spawn(apiserver::serve::serve(listener, app, shutdown_signal(), apiserver::serve::IDLE_TIMEOUT));
     }
     let mut app = apiserver::server::router(state);
     if let Some(auth) = authn {
@@ -163,9 +159,9 @@ async fn main() -> anyhow::Result<()> {
     }
     // Graceful shutdown lets requests finish, but a watch never finishes on its own: after
     // the signal, open connections get SHUTDOWN_GRACE and are then dropped with the process.
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
+    let server = apiserver::serve::serve(listener, app, shutdown_signal(), apiserver::serve::IDLE_TIMEOUT);
     tokio::select! {
-        r = server => r.context("server failed")?,
+        _ = server => {}
         _ = async { shutdown_signal().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
             tracing::info!(grace = ?SHUTDOWN_GRACE, "closing the connections still open (watches)");
         }

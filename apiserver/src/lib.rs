@@ -18,7 +18,6 @@ pub mod eventsview;
 pub mod eventttl;
 pub mod hpaview;
 pub mod ipalloc;
-pub mod memory;
 pub mod metrics;
 pub mod metricsapi;
 pub mod nscache;

@@ -126,7 +126,7 @@ async fn main() -> anyhow::Result<()> {
     let event_ttl =
         apiserver::parse_go_duration(&args.event_ttl).map_err(|e| anyhow::anyhow!("invalid --event-ttl: {e}"))?;
     let _event_ttl = apiserver::eventttl::spawn(state.registry.clone(), event_ttl);
-    let _trimmer = apiserver::memory::spawn_trimmer(apiserver::memory::TRIM_INTERVAL);
+    let _trimmer = common::memory::spawn_trimmer(common::memory::TRIM_INTERVAL);
     // Storage may be briefly unavailable (etcd starting): retry the bootstrap.
     let mut delay = Duration::from_millis(200);
     loop {

@@ -2,9 +2,11 @@
 //! - [`client`]: a `kube::Client` from the usual `--kubeconfig` / `--server` flags;
 //! - [`init_tracing`]: `tracing` logs with a `-v`-style level or `RUST_LOG`;
 //! - [`serve_health`]: `/healthz`, `/readyz` and Prometheus `/metrics` on one port;
-//! - [`leader`]: leader election over a `coordination.k8s.io/v1` Lease.
+//! - [`leader`]: leader election over a `coordination.k8s.io/v1` Lease;
+//! - [`memory`]: freed heap pages returned to the system now and then.
 
 pub mod leader;
+pub mod memory;
 
 use std::net::SocketAddr;
 use std::path::Path;

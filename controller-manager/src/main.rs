@@ -156,6 +156,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     common::init_tracing(&args.log_level);
+    let _trimmer = common::memory::spawn_trimmer(common::memory::TRIM_INTERVAL);
     let enabled = enabled_controllers(&args.controllers).map_err(|e| anyhow::anyhow!("--controllers: {e}"))?;
     let client = common::client(args.kubeconfig.as_deref(), args.master.as_deref()).await?;
     let ready = common::Ready::default();

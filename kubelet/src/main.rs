@@ -102,6 +102,7 @@ fn default_node_ip() -> String {
 async fn main() -> Result<()> {
     let flags = Flags::parse();
     common::init_tracing(&flags.log_level);
+    let _trimmer = common::memory::spawn_trimmer(common::memory::TRIM_INTERVAL);
     let node_name = flags.hostname_override.clone().unwrap_or_else(hostname);
     let node_ip = flags.node_ip.clone().unwrap_or_else(default_node_ip);
     let pod_cidr: Option<network::Cidr> = flags.pod_cidr.as_deref().map(str::parse).transpose()?;

@@ -115,6 +115,7 @@ fn hostname() -> String {
 async fn main() {
     let args = Args::parse();
     common::init_tracing(&args.log_level);
+    let _trimmer = common::memory::spawn_trimmer(common::memory::TRIM_INTERVAL);
     let ingress_dir = args.ingress_dir.clone();
     let result = tokio::select! {
         r = run(args) => r,

@@ -65,6 +65,7 @@ fn secs(s: f64) -> Duration {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     common::init_tracing(&args.log_level);
+    let _trimmer = common::memory::spawn_trimmer(common::memory::TRIM_INTERVAL);
     let client_id = args.client_id.clone().unwrap_or_else(|| {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "module-controller".into());
         format!("{host}-{}-{:x}", std::process::id(), module_controller::protocol::now_ms())

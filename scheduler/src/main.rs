@@ -80,6 +80,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 async fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
     common::init_tracing(&flags.log_level);
+    let _trimmer = common::memory::spawn_trimmer(common::memory::TRIM_INTERVAL);
     let cfg = match &flags.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading --config {}", path.display()))?;

@@ -1,12 +1,12 @@
-//! Giving freed heap memory back to the system.
+//! Giving freed heap memory back to the system, for every long-running binary.
 //!
-//! glibc's malloc returns memory to the kernel only from the top of a heap. Serving a
-//! cluster frees memory all over the heap (a list's decoded objects, the buffers of a
-//! burst of requests), and those pages stay in the apiserver's resident set although
-//! nothing uses them. Measured on a one-node cluster after three 100-pod rollouts: 30 MB
+//! glibc's malloc returns memory to the kernel only from the top of a heap. Serving or
+//! watching a cluster frees memory all over the heap (a list's decoded objects, the
+//! buffers of a burst of requests), and those pages stay in the process's resident set
+//! although nothing uses them. Measured on a one-node cluster after three 100-pod rollouts: 30 MB
 //! anonymous memory of which 9 MB in use; `malloc_trim(0)` brought it to 13 MB. glibc's
 //! tunables (fewer arenas, a fixed mmap threshold) only got it to 21 MB, and mimalloc
-//! started at 26 MB where glibc starts at 6. So the apiserver trims now and then.
+//! started at 26 MB where glibc starts at 6. So every component trims now and then.
 
 use std::time::{Duration, Instant};
 

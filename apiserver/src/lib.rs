@@ -61,9 +61,7 @@ impl Default for Options {
             service_node_port_range: "30000-32767".into(),
             max_requests_inflight: 400,
             max_mutating_requests_inflight: 200,
-            // kube-apiserver's --default-watch-cache-size. Each event holds the object and
-            // its previous state: 10,000 pod events cost ~22 MB per busy resource.
-            watch_cache_size: 100,
+            watch_cache_size: watch::DEFAULT_CACHE_SIZE,
             advertise_address: "127.0.0.1:6443".into(),
             port: 6443,
             watch_bookmark_interval: watch::WatchTiming::default().bookmark_interval,

@@ -35,9 +35,9 @@ struct Args {
     #[arg(long, default_value_t = 200)]
     max_mutating_requests_inflight: usize,
     /// Events each resource's watch cache keeps for watchers resuming from an older
-    /// resourceVersion (older ones are served by a storage watch of their own). 0 keeps
+    /// resourceVersion (older ones catch up from storage first, then use the cache). 0 keeps
     /// none; watchers still share the cache's single storage watch.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = apiserver::watch::DEFAULT_CACHE_SIZE)]
     default_watch_cache_size: usize,
     /// How often storage history is compacted (Go duration, e.g. 5m, 30s; 0 disables).
     #[arg(long, default_value = "5m")]

@@ -111,8 +111,14 @@ impl ApiError {
         Self::new(404, "NotFound", format!("{} \"{name}\" not found", qualified(group, resource)))
             .with_details(group, resource, name)
     }
+    /// A 404 that names no object (an unknown path or subresource). Its `details` is
+    /// present but empty, as Kubernetes sends it: kubectl tells this "route not served"
+    /// answer from a missing object by the empty name (and `kubectl debug` dereferences
+    /// `details` without a nil check).
     pub fn not_found_message(message: impl Into<String>) -> Self {
-        Self::new(404, "NotFound", message)
+        let mut e = Self::new(404, "NotFound", message);
+        e.details = Some(Details::default());
+        e
     }
     pub fn already_exists(group: &str, resource: &str, name: &str) -> Self {
         Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", qualified(group, resource)))

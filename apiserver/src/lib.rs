@@ -29,6 +29,7 @@ pub mod proxy;
 pub mod registry;
 pub mod requestinfo;
 pub mod resources;
+pub mod reviews;
 pub mod selectors;
 pub mod serve;
 pub mod server;
@@ -52,6 +53,9 @@ pub struct Options {
     pub port: u16,
     /// How often a watch with allowWatchBookmarks gets a BOOKMARK.
     pub watch_bookmark_interval: std::time::Duration,
+    /// `--token-auth-file`'s users, for TokenReview (the server's authentication layer
+    /// holds the same authenticator).
+    pub tokens: Option<Arc<authn::TokenAuthenticator>>,
 }
 
 impl Default for Options {
@@ -65,6 +69,7 @@ impl Default for Options {
             advertise_address: "127.0.0.1:6443".into(),
             port: 6443,
             watch_bookmark_interval: watch::WatchTiming::default().bookmark_interval,
+            tokens: None,
         }
     }
 }
@@ -84,6 +89,7 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         mutating: Arc::new(tokio::sync::Semaphore::new(opts.max_mutating_requests_inflight.max(1))),
         server_address: opts.advertise_address.clone(),
         timing: watch::WatchTiming { bookmark_interval: opts.watch_bookmark_interval },
+        tokens: opts.tokens.clone(),
     }))
 }
 

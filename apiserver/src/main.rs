@@ -120,6 +120,7 @@ async fn main() -> anyhow::Result<()> {
         port: args.port,
         watch_bookmark_interval,
         watch_cache_size: args.default_watch_cache_size,
+        tokens: authn.clone(),
     };
     let state = apiserver::build_state(store, &opts)?;
     let _crds = apiserver::crds::spawn(state.registry.clone());

@@ -626,6 +626,9 @@ pub fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
     }
     // Served by crate::metricsapi from the kubelets, not from storage.
     out.push((crate::metricsapi::GROUP, vec![crate::metricsapi::VERSION]));
+    // Answered by crate::reviews, never stored.
+    out.push((crate::reviews::AUTHENTICATION, vec![crate::reviews::VERSION]));
+    out.push((crate::reviews::AUTHORIZATION, vec![crate::reviews::VERSION]));
     out
 }
 
@@ -671,6 +674,9 @@ pub fn api_group(group: &str) -> Option<Value> {
 pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
     if group == crate::metricsapi::GROUP {
         return (version == crate::metricsapi::VERSION).then(crate::metricsapi::resource_list);
+    }
+    if crate::reviews::serves(group) {
+        return crate::reviews::resource_list(group, version);
     }
     let mut resources = Vec::new();
     for r in all().into_iter().filter(|r| r.group == group && r.version == version) {

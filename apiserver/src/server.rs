@@ -37,6 +37,8 @@ pub struct AppState {
     pub mutating: Arc<Semaphore>,
     pub server_address: String,
     pub timing: WatchTiming,
+    /// The token file's users (TokenReview), if authentication is on.
+    pub tokens: Option<Arc<crate::authn::TokenAuthenticator>>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -214,6 +216,11 @@ async fn dispatch(State(state): State<Arc<AppState>>, req: Request) -> Response 
             let rp = rp.clone();
             crate::proxy::stream(&state, &mut parts, &rp).await
         }
+        // Access and identity reviews: answered, never stored.
+        Some(Target::Resource(rp)) if crate::reviews::serves(&rp.group) => {
+            let user = parts.extensions.get::<crate::authn::UserInfo>();
+            review(&state, &parts.method, &parts.headers, rp, user, body).await
+        }
         _ => route(&state, &parts.method, &parts.headers, &query, target, body).await,
     };
     let resp = match result {
@@ -302,6 +309,29 @@ async fn route(
         }
         Some(Target::Resource(rp)) => resource_request(state, method, headers, query, rp, body).await,
     }
+}
+
+/// `POST` of a review (see [`crate::reviews`]).
+async fn review(
+    state: &AppState,
+    method: &Method,
+    headers: &HeaderMap,
+    rp: &ResourcePath,
+    user: Option<&crate::authn::UserInfo>,
+    body: Body,
+) -> ApiResult<Response> {
+    let kind = crate::reviews::Kind::find(&rp.group, &rp.resource)
+        .filter(|k| rp.version == crate::reviews::VERSION && k.namespaced() == rp.namespace.is_some())
+        .filter(|_| rp.name.is_none() && rp.subresource.is_none())
+        .ok_or_else(not_found_path)?;
+    if *method != Method::POST {
+        return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
+    }
+    let bytes = read_body(headers, body).await?;
+    let obj = decode_object(headers, &bytes)?;
+    let requester = crate::reviews::requester(user);
+    let out = crate::reviews::review(kind, rp.namespace.as_deref(), obj, &requester, state.tokens.as_deref())?;
+    Ok(json_response(StatusCode::CREATED, &out, &[]))
 }
 
 // ------------------------------------------------------------------ query parsing

@@ -43,6 +43,16 @@ fn definitions() -> (Map<String, Value>, ByGvk) {
     gen.subschema_for::<k8s_openapi::api::autoscaling::v1::Scale>();
     gen.subschema_for::<k8s_openapi::api::policy::v1::Eviction>();
     gen.subschema_for::<k8s_openapi::api::core::v1::Binding>();
+    // The reviews (crate::reviews): not stored, so not in RESOURCES, but decoded by name.
+    {
+        use k8s_openapi::api::{authentication::v1 as authn, authorization::v1 as authz};
+        gen.subschema_for::<authz::SelfSubjectAccessReview>();
+        gen.subschema_for::<authz::SubjectAccessReview>();
+        gen.subschema_for::<authz::LocalSubjectAccessReview>();
+        gen.subschema_for::<authz::SelfSubjectRulesReview>();
+        gen.subschema_for::<authn::SelfSubjectReview>();
+        gen.subschema_for::<authn::TokenReview>();
+    }
     let mut defs: Map<String, Value> = gen.take_definitions(true).into_iter().collect();
     for (_, v) in defs.iter_mut() {
         rewrite_refs(v, "#/definitions/", V2_PREFIX);
@@ -78,6 +88,11 @@ fn definitions() -> (Map<String, Value>, ByGvk) {
     add_gvk(&mut defs, "io.k8s.api.autoscaling.v1.Scale", "autoscaling", "v1", "Scale");
     add_gvk(&mut defs, "io.k8s.api.policy.v1.Eviction", "policy", "v1", "Eviction");
     add_gvk(&mut defs, "io.k8s.api.core.v1.Binding", "", "v1", "Binding");
+    for kind in crate::reviews::KINDS {
+        let (g, k) = (kind.group(), kind.name());
+        let package = g.trim_end_matches(".k8s.io");
+        add_gvk(&mut defs, &format!("io.k8s.api.{package}.v1.{k}"), g, crate::reviews::VERSION, k);
+    }
     add_gvk(&mut defs, &format!("{META}.Status"), "", "v1", "Status");
     let mut groups: BTreeSet<(&str, &str)> = RESOURCES.iter().map(|r| (r.group, r.version)).collect();
     groups.insert(("meta.k8s.io", "v1"));

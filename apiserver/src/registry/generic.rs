@@ -376,30 +376,7 @@ impl Registry {
                 res.kind, res.version, res.kind
             )));
         };
-        let api_version = res.api_version();
-        match map.get("kind").and_then(Value::as_str) {
-            None | Some("") => {
-                map.insert("kind".into(), res.kind.into());
-            }
-            Some(k) if k != res.kind => {
-                return Err(ApiError::bad_request(format!(
-                    "the kind in the body ({k}) does not match the kind of the resource at this URL ({})",
-                    res.kind
-                )))
-            }
-            _ => {}
-        }
-        match map.get("apiVersion").and_then(Value::as_str) {
-            None | Some("") => {
-                map.insert("apiVersion".into(), api_version.clone().into());
-            }
-            Some(v) if v != api_version => {
-                return Err(ApiError::bad_request(format!(
-                    "the API version in the data ({v}) does not match the expected API version ({api_version})"
-                )))
-            }
-            _ => {}
-        }
+        fill_type_meta(map, res.kind, &res.api_version())?;
         if let Some(ns) = url_ns.filter(|_| res.namespaced) {
             let body_ns = super::at(&body, "/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
             if !body_ns.is_empty() && body_ns != ns {
@@ -1434,4 +1411,31 @@ mod tests {
             encode(&json!({"kind": "X", "metadata": {"resourceVersion": "5", "selfLink": "/x"}, "spec": {"a": [1]}}));
         assert_eq!(&b[..], br#"{"kind":"X","metadata":{},"spec":{"a":[1]}}"#);
     }
+}
+
+/// Check a body's `kind` and `apiVersion` against the URL's, filling in the missing ones.
+pub fn fill_type_meta(map: &mut serde_json::Map<String, Value>, kind: &str, api_version: &str) -> ApiResult<()> {
+    match map.get("kind").and_then(Value::as_str) {
+        None | Some("") => {
+            map.insert("kind".into(), kind.into());
+        }
+        Some(k) if k != kind => {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the body ({k}) does not match the kind of the resource at this URL ({kind})"
+            )))
+        }
+        _ => {}
+    }
+    match map.get("apiVersion").and_then(Value::as_str) {
+        None | Some("") => {
+            map.insert("apiVersion".into(), api_version.into());
+        }
+        Some(v) if v != api_version => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({v}) does not match the expected API version ({api_version})"
+            )))
+        }
+        _ => {}
+    }
+    Ok(())
 }

@@ -18,6 +18,7 @@ mod namespace;
 mod nodeipam;
 mod nodelifecycle;
 mod replicaset;
+mod serviceaccount;
 mod util;
 
 #[cfg(test)]
@@ -52,6 +53,7 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("nodelifecycle", true),
     ("job", true),
     ("cronjob", true),
+    ("serviceaccount", true),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -233,6 +235,9 @@ async fn main() -> anyhow::Result<()> {
             }
             "job" => {
                 tasks.spawn(job::run(client.clone(), pods.clone(), recorder("job-controller")));
+            }
+            "serviceaccount" => {
+                tasks.spawn(serviceaccount::run(client.clone()));
             }
             _ => {}
         }

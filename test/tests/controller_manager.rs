@@ -11,7 +11,7 @@ use e2e::controller_manager::{
 use e2e::{eventually, ApiServer};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -406,6 +406,37 @@ async fn namespace_deletion_removes_contents_then_namespace() -> Result<()> {
     let nss: Api<Namespace> = Api::all(client.clone());
     eventually(WAIT, || async { gone(&nss, "doomed").await }).await.context("namespace gone")?;
     assert!(pods.list(&ListParams::default()).await.map(|l| l.items.is_empty()).unwrap_or(true));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_namespace_has_a_default_service_account() -> Result<()> {
+    let t = Fixture::start("team").await?;
+    let (api, client) = (&t.api, &t.client);
+    // The system namespaces and a new one get theirs.
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease", "team"] {
+        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+        eventually(WAIT, || async { sas.get_opt("default").await.ok().flatten().is_some() })
+            .await
+            .with_context(|| format!("default service account in {ns}"))?;
+    }
+    // A deleted one comes back (a new object), and the official kubectl lists it.
+    let sas: Api<ServiceAccount> = t.api();
+    let first = sas.get("default").await?.metadata.uid;
+    sas.delete("default", &DeleteParams::default()).await?;
+    eventually(WAIT, || async {
+        sas.get_opt("default").await.ok().flatten().is_some_and(|sa| sa.metadata.uid != first)
+    })
+    .await
+    .context("default service account recreated")?;
+    let out = api.kubectl(&["get", "serviceaccounts", "-n", "team", "-o", "name"])?;
+    assert_eq!(out.stdout.trim(), "serviceaccount/default", "{out:?}");
+    // A deleted namespace goes away with its service account, which is not recreated.
+    kubectl_ok(api, &["delete", "namespace", "team", "--timeout=60s"]).await?;
+    let nss: Api<Namespace> = Api::all(client.clone());
+    eventually(WAIT, || async { gone(&nss, "team").await }).await.context("namespace gone")?;
+    assert!(sas.get_opt("default").await?.is_none());
+    assert!(!t.cm.log().contains("service account sync failed"), "{}", t.cm.log());
     Ok(())
 }
 

@@ -40,17 +40,23 @@ pub fn log_container(pod: &Value, requested: Option<&str>) -> ApiResult<String> 
     };
     let app = names("/spec/containers");
     let init = names("/spec/initContainers");
+    let ephemeral = names("/spec/ephemeralContainers");
     match requested.filter(|c| !c.is_empty()) {
-        Some(c) if app.iter().chain(init.iter()).any(|x| x == c) => Ok(c.to_string()),
+        Some(c) if app.iter().chain(&init).chain(&ephemeral).any(|x| x == c) => Ok(c.to_string()),
         Some(c) => Err(ApiError::bad_request(format!("container {c} is not valid for pod {name}"))),
         None if app.len() == 1 => Ok(app[0].clone()),
         None => Err(ApiError::bad_request(format!(
-            "a container name must be specified for pod {name}, choose one of: [{}]{}",
+            "a container name must be specified for pod {name}, choose one of: [{}]{}{}",
             app.join(" "),
             if init.is_empty() {
                 String::new()
             } else {
                 format!(" or one of the init containers: [{}]", init.join(" "))
+            },
+            if ephemeral.is_empty() {
+                String::new()
+            } else {
+                format!(" or one of the ephemeral containers: [{}]", ephemeral.join(" "))
             }
         ))),
     }
@@ -350,6 +356,13 @@ mod tests {
         let e = stream_container(&two, None).unwrap_err();
         assert_eq!(e.message, "a container name must be specified for pod p, choose one of: [a b]");
         assert_eq!(stream_container(&two, Some("z")).unwrap_err().message, "container z is not valid for pod p");
+        let mut debugged = two.clone();
+        debugged["spec"]["ephemeralContainers"] = json!([{"name": "debugger"}]);
+        assert_eq!(stream_container(&debugged, Some("debugger")).unwrap(), "debugger");
+        assert!(stream_container(&debugged, None)
+            .unwrap_err()
+            .message
+            .ends_with(" or one of the ephemeral containers: [debugger]"));
         let mut annotated = two.clone();
         annotated["metadata"]["annotations"] = json!({"kubectl.kubernetes.io/default-container": "b"});
         assert_eq!(stream_container(&annotated, None).unwrap(), "b");

@@ -53,6 +53,8 @@ pub enum Sub {
     Binding,
     Eviction,
     Finalize,
+    /// `pods/ephemeralcontainers`: only `spec.ephemeralContainers` changes (`kubectl debug`).
+    EphemeralContainers,
     /// Listed in discovery, served by a later part of the system (log, exec, proxy …).
     NotYetServed(&'static str, &'static str),
 }
@@ -65,6 +67,7 @@ impl Sub {
             Sub::Binding => "binding",
             Sub::Eviction => "eviction",
             Sub::Finalize => "finalize",
+            Sub::EphemeralContainers => "ephemeralcontainers",
             Sub::NotYetServed(n, _) => n,
         }
     }
@@ -151,6 +154,7 @@ const POD_SUBS: &[Sub] = &[
     Sub::Status,
     Sub::Binding,
     Sub::Eviction,
+    Sub::EphemeralContainers,
     Sub::NotYetServed("log", "the kubelet connection"),
     Sub::NotYetServed("exec", "the kubelet connection"),
     Sub::NotYetServed("attach", "the kubelet connection"),
@@ -704,6 +708,7 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
                 Sub::Binding => ("Binding", vec!["create"], None),
                 Sub::Eviction => ("Eviction", vec!["create"], Some(("policy", "v1"))),
                 Sub::Finalize => (r.kind, vec!["update"], None),
+                Sub::EphemeralContainers => (r.kind, vec!["get", "patch", "update"], None),
                 Sub::NotYetServed("log", _) => ("Pod", vec!["get"], None),
                 Sub::NotYetServed("exec", _) => ("PodExecOptions", vec!["create", "get"], None),
                 Sub::NotYetServed("attach", _) => ("PodAttachOptions", vec!["create", "get"], None),

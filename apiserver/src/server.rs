@@ -552,7 +552,10 @@ async fn resource_request(
                 _ => Ok(respond_object(StatusCode::CREATED, res, out.object, table, query, &out.warnings)),
             }
         }
-        ("update", None) | ("update", Some(Sub::Status)) | ("update", Some(Sub::Finalize)) => {
+        ("update", None)
+        | ("update", Some(Sub::Status))
+        | ("update", Some(Sub::Finalize))
+        | ("update", Some(Sub::EphemeralContainers)) => {
             if rp.name.is_none() {
                 return Err(not_allowed());
             }
@@ -562,13 +565,14 @@ async fn resource_request(
             let kind = match sub {
                 Some(Sub::Status) => UpdateKind::Status,
                 Some(Sub::Finalize) => UpdateKind::Finalize,
+                Some(Sub::EphemeralContainers) => UpdateKind::EphemeralContainers,
                 _ => UpdateKind::Main,
             };
             let (out, created) = reg.update(res, &ns, &name, obj, kind, &opts).await?;
             let code = if created { StatusCode::CREATED } else { StatusCode::OK };
             Ok(respond_object(code, res, out.object, table, query, &out.warnings))
         }
-        ("patch", None) | ("patch", Some(Sub::Status)) => {
+        ("patch", None) | ("patch", Some(Sub::Status)) | ("patch", Some(Sub::EphemeralContainers)) => {
             if rp.name.is_none() {
                 return Err(not_allowed());
             }
@@ -591,7 +595,11 @@ async fn resource_request(
                 let code = if created { StatusCode::CREATED } else { StatusCode::OK };
                 return Ok(respond_object(code, res, out.object, table, query, &out.warnings));
             }
-            let kind = if sub == Some(Sub::Status) { UpdateKind::Status } else { UpdateKind::Main };
+            let kind = match sub {
+                Some(Sub::Status) => UpdateKind::Status,
+                Some(Sub::EphemeralContainers) => UpdateKind::EphemeralContainers,
+                _ => UpdateKind::Main,
+            };
             let out = reg.patch(res, &ns, &name, ptype, &bytes, kind, &opts).await?;
             Ok(respond_object(StatusCode::OK, res, out.object, table, query, &out.warnings))
         }
@@ -620,7 +628,7 @@ async fn resource_request(
             Ok(json_response(StatusCode::OK, &list, &[]))
         }
         // ---- status
-        ("get", Some(Sub::Status)) => {
+        ("get", Some(Sub::Status)) | ("get", Some(Sub::EphemeralContainers)) => {
             let obj = reg.get(res, &ns, &name).await?;
             Ok(respond_object(StatusCode::OK, res, obj, table, query, &[]))
         }

@@ -12,7 +12,7 @@ pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
 pub const POD_NAME: &str = "io.kubernetes.pod.name";
 pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
 pub const RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
-/// `init`, `app` or `sandbox`.
+/// `init`, `app`, `ephemeral` or `sandbox`.
 pub const CONTAINER_KIND: &str = "minik8s.io/container-kind";
 /// On the sandbox (pause) container: the pod IP it was given.
 pub const POD_IP: &str = "minik8s.io/pod-ip";
@@ -27,6 +27,8 @@ pub enum Kind {
     Sandbox,
     Init,
     App,
+    /// Added by `kubectl debug` (`spec.ephemeralContainers`): started once, never restarted.
+    Ephemeral,
 }
 
 impl Kind {
@@ -35,6 +37,7 @@ impl Kind {
             Kind::Sandbox => "sandbox",
             Kind::Init => "init",
             Kind::App => "app",
+            Kind::Ephemeral => "ephemeral",
         }
     }
     pub fn parse(s: &str) -> Option<Kind> {
@@ -42,6 +45,7 @@ impl Kind {
             "sandbox" => Some(Kind::Sandbox),
             "init" => Some(Kind::Init),
             "app" => Some(Kind::App),
+            "ephemeral" => Some(Kind::Ephemeral),
             _ => None,
         }
     }

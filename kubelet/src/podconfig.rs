@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use apimachinery::quantity;
 use bollard::models::{ContainerCreateBody, HostConfig};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, EphemeralContainer, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::labels::{self, Kind, PodRef};
@@ -285,9 +285,21 @@ pub struct ContainerContext<'a> {
     /// Volume name → host path.
     pub volume_paths: &'a HashMap<String, String>,
     pub host_network: bool,
+    /// Docker's `--pid`: `container:<id>` to share a target container's process namespace
+    /// (an ephemeral container's `targetContainerName`).
+    pub pid_mode: Option<String>,
 }
 
-/// The Docker create body of an init or app container.
+/// An ephemeral container as the container it runs as (the same fields, less the target).
+pub fn ephemeral_as_container(e: &EphemeralContainer) -> Container {
+    serde_json::to_value(e).ok().and_then(|v| serde_json::from_value(v).ok()).unwrap_or_else(|| Container {
+        name: e.name.clone(),
+        image: e.image.clone(),
+        ..Default::default()
+    })
+}
+
+/// The Docker create body of an init, app or ephemeral container.
 pub fn container_body(pod: &Pod, c: &Container, cx: &ContainerContext) -> Result<ContainerCreateBody, ConfigError> {
     let pr = pod_ref(pod);
     let env_pairs = env_pairs(&cx.env);
@@ -327,6 +339,7 @@ pub fn container_body(pod: &Pod, c: &Container, cx: &ContainerContext) -> Result
         binds: Some(binds),
         network_mode: Some(if cx.host_network { "host".into() } else { sandbox.clone() }),
         ipc_mode: Some(sandbox),
+        pid_mode: cx.pid_mode.clone(),
         memory,
         memory_swap: memory,
         nano_cpus,
@@ -468,6 +481,7 @@ mod tests {
             env,
             volume_paths: &paths,
             host_network: false,
+            pid_mode: None,
         };
         let b = container_body(&p, c, &cx).unwrap();
         assert_eq!(b.entrypoint, Some(vec!["sh".to_string(), "-c".to_string()]));
@@ -498,6 +512,7 @@ mod tests {
             env: vec![],
             volume_paths: &HashMap::new(),
             host_network: false,
+            pid_mode: None,
         };
         assert!(container_body(&p, c, &cx).is_err());
     }

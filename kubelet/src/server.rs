@@ -19,8 +19,6 @@ use futures::StreamExt;
 use serde::Deserialize;
 
 use crate::kubelet::Kubelet;
-use crate::labels::Kind;
-use crate::status::instances;
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -89,10 +87,7 @@ async fn logs(
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response(),
     };
     let mine: Vec<_> = records.into_iter().filter(|r| r.pod_namespace == ns && r.pod_name == pod).collect();
-    let (mut latest, mut prev) = instances(&mine, &container, Kind::App);
-    if latest.is_none() {
-        (latest, prev) = instances(&mine, &container, Kind::Init);
-    }
+    let (latest, prev) = crate::status::named(&mine, &container);
     let target = if truthy(&q.previous) { prev } else { latest };
     let Some(target) = target else {
         let what = if truthy(&q.previous) { "previous terminated container" } else { "container" };

@@ -44,6 +44,19 @@ pub fn instances<'a>(
     (v.first().copied(), v.get(1).copied())
 }
 
+/// A container of any kind by name (app, then init, then ephemeral: names are unique
+/// across the three), newest instance first — what logs, exec and attach address.
+pub fn named<'a>(
+    records: &'a [ContainerRecord],
+    name: &str,
+) -> (Option<&'a ContainerRecord>, Option<&'a ContainerRecord>) {
+    [Kind::App, Kind::Init, Kind::Ephemeral]
+        .into_iter()
+        .map(|k| instances(records, name, k))
+        .find(|(latest, _)| latest.is_some())
+        .unwrap_or((None, None))
+}
+
 fn time(s: &Option<String>) -> Option<Time> {
     s.as_ref().and_then(|s| s.parse::<jiff::Timestamp>().ok()).map(Time)
 }
@@ -273,6 +286,14 @@ pub fn compute(i: &Input) -> PodStatus {
     let app_waiting = if init_done { "ContainerCreating" } else { "PodInitializing" };
     let app: Vec<ContainerStatus> =
         spec.containers.iter().map(|c| container_status(c, Kind::App, i, app_waiting)).collect();
+    let ephemeral: Vec<ContainerStatus> = spec
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .map(|e| {
+            container_status(&crate::podconfig::ephemeral_as_container(e), Kind::Ephemeral, i, "ContainerCreating")
+        })
+        .collect();
 
     let old_phase = old.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
     let phase = if old_phase == "Succeeded" || old_phase == "Failed" {
@@ -323,6 +344,7 @@ pub fn compute(i: &Input) -> PodStatus {
         start_time: old.as_ref().and_then(|s| s.start_time.clone()).or_else(|| Some(now.clone())),
         init_container_statuses: if init.is_empty() { None } else { Some(init) },
         container_statuses: Some(app),
+        ephemeral_container_statuses: if ephemeral.is_empty() { None } else { Some(ephemeral) },
         qos_class: old.as_ref().and_then(|s| s.qos_class.clone()).or_else(|| Some(qos_class(pod).to_string())),
         ..Default::default()
     }
@@ -408,6 +430,37 @@ mod tests {
 
     fn cond(s: &PodStatus, t: &str) -> String {
         s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == t).unwrap().status.clone()
+    }
+
+    #[test]
+    fn ephemeral_containers_are_reported_apart_and_never_ready() {
+        let mut p = pod("Always");
+        p.spec.as_mut().unwrap().ephemeral_containers =
+            serde_json::from_value(json!([{"name": "dbg", "image": "busybox", "targetContainerName": "web"},
+                                          {"name": "later", "image": "busybox"}]))
+            .unwrap();
+        let records = [
+            rec("i", "init", Kind::Init, State::Exited, 0, 0),
+            rec("w", "web", Kind::App, State::Running, 0, 0),
+            rec("s", "side", Kind::App, State::Running, 0, 0),
+            rec("d", "dbg", Kind::Ephemeral, State::Running, 0, 0),
+        ];
+        let probes = HashMap::from([("w".to_string(), ProbeView { ready: Some(true), ..Default::default() })]);
+        let s = run(&p, &records, &probes, &HashMap::new());
+        let eph = s.ephemeral_container_statuses.clone().unwrap();
+        assert_eq!(eph.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["dbg", "later"]);
+        assert!(eph[0].state.as_ref().unwrap().running.is_some() && !eph[0].ready);
+        assert_eq!(
+            eph[1].state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(),
+            Some("ContainerCreating")
+        );
+        // The pod's own readiness and containers are unaffected.
+        assert_eq!(cond(&s, "Ready"), "True");
+        assert_eq!(s.container_statuses.unwrap().len(), 2);
+        // Logs, exec and attach find a container of any kind by name.
+        assert_eq!(named(&records, "dbg").0.map(|r| r.id.as_str()), Some("d"));
+        assert_eq!(named(&records, "init").0.map(|r| r.id.as_str()), Some("i"));
+        assert!(named(&records, "nope").0.is_none());
     }
 
     #[test]

@@ -306,6 +306,8 @@ struct PodContext {
     host_network: bool,
     /// The pod's /etc/hosts and /etc/resolv.conf (`host:container` binds, see `dns.rs`).
     dns_binds: Vec<String>,
+    /// Ephemeral container → the Docker id of its running target container.
+    pid_targets: HashMap<String, String>,
 }
 
 async fn fetch_lookups(k: &Kubelet, pod: &Pod) -> Result<Lookups> {
@@ -458,13 +460,14 @@ async fn run_pod(
     // The pod's /etc/hosts and /etc/resolv.conf, mounted into each of its containers.
     let dns_binds = crate::dns::write_files(&pod, &pod_ip, &k.dns, &volumes::pod_dir(&k.root_dir, uid))
         .context("writing the pod's /etc/hosts and /etc/resolv.conf")?;
-    let cx = PodContext {
+    let mut cx = PodContext {
         sandbox_id: sandbox.id.clone(),
         pod_ip: pod_ip.clone(),
         lookups,
         volume_paths,
         host_network,
         dns_binds,
+        pid_targets: HashMap::new(),
     };
 
     // Init containers, one at a time, unless the app containers already ran.
@@ -536,6 +539,33 @@ async fn run_pod(
                     }
                 }
             }
+        }
+    }
+
+    // Ephemeral containers (`kubectl debug`): each started once, even before the pod is
+    // initialized, and never restarted. One that targets a container joins its process
+    // namespace, so it waits for that container to run.
+    for e in spec.ephemeral_containers.iter().flatten() {
+        if instances(&records, &e.name, Kind::Ephemeral).0.is_some() {
+            w.waiting.remove(&e.name);
+            continue;
+        }
+        if let Some(target) = e.target_container_name.as_deref().filter(|t| !t.is_empty()) {
+            match crate::status::named(&records, target).0.filter(|r| r.state == State::Running) {
+                Some(r) => {
+                    cx.pid_targets.insert(e.name.clone(), r.id.clone());
+                }
+                None => {
+                    let msg = format!("waiting for the target container {target:?} to run");
+                    w.waiting.insert(e.name.clone(), ("ContainerCreating".into(), msg));
+                    next = next.min(Duration::from_secs(1));
+                    continue;
+                }
+            }
+        }
+        let c = podconfig::ephemeral_as_container(e);
+        if let Some(d) = start_container(k, &pod, &c, Kind::Ephemeral, None, &cx, w).await? {
+            next = next.min(d);
         }
     }
 
@@ -681,6 +711,7 @@ async fn start_container(
         env,
         volume_paths: &cx.volume_paths,
         host_network: cx.host_network,
+        pid_mode: cx.pid_targets.get(&c.name).map(|id| format!("container:{id}")),
     };
     let mut body = match podconfig::container_body(pod, c, &ccx) {
         Ok(b) => b,

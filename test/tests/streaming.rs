@@ -356,3 +356,57 @@ async fn attach_and_kubelet_errors() -> Result<()> {
     ensure!(code == 400 && body.contains("at least 1 of stdin, stdout, stderr"), "{code} {body}");
     Ok(())
 }
+
+/// `kubectl debug`: an ephemeral container added through `pods/ephemeralcontainers`, started
+/// by the kubelet in the pod (sharing the target's process namespace), attached with `-i`,
+/// reported in `ephemeralContainerStatuses`, and never changed or restarted afterwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_debug_runs_an_ephemeral_container() -> Result<()> {
+    let Some(env) = Env::start("st-debug")? else { return Ok(()) };
+    running_pod(&env, "dbg", &["main"], json!({})).await?;
+    let api: Api<Pod> = Api::namespaced(env.api.client()?, "default");
+    for (i, (v, bin)) in official_kubectls(&["1.33", "1.27"]).into_iter().enumerate() {
+        // Interactive, in the target's process namespace: it sees main's shell loop.
+        let name = format!("shell-{i}");
+        let args = ["debug", "dbg", "-i", "--image=busybox", "--target=main", "-c", &name, "--", "sh"];
+        let r = kubectl(&env, &bin, &args, Some("ps -o args; echo bye; exit\n"))?;
+        ensure!(r.code == 0, "kubectl {v} debug -i: {r:?}\nkubelet log:\n{}", env.kubelet.log());
+        ensure!(r.stdout.contains("while true; do sleep 1; done") && r.stdout.contains("bye"), "kubectl {v}: {r:?}");
+        // Detached: runs once; its output is in the logs.
+        let name = format!("once-{i}");
+        let r = kubectl(&env, &bin, &["debug", "dbg", "--image=busybox", "-c", &name, "--", "echo", "hi"], None)?;
+        ensure!(r.code == 0, "kubectl {v} debug: {r:?}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let p = api.get("dbg").await?;
+            let statuses = p.status.and_then(|s| s.ephemeral_container_statuses).unwrap_or_default();
+            let done = statuses.iter().find(|s| s.name == name).and_then(|s| s.state.clone()?.terminated);
+            if let Some(t) = done {
+                ensure!(t.exit_code == 0 && t.reason.as_deref() == Some("Completed"), "{t:?}");
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{name} did not finish: {statuses:?}\n{}", env.kubelet.log());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let r = kubectl(&env, &bin, &["logs", "dbg", "-c", &name], None)?;
+        ensure!(r.code == 0 && r.stdout == "hi\n", "kubectl {v} logs of an ephemeral container: {r:?}");
+    }
+    // The pod itself is untouched: still running, main never restarted, and an ephemeral
+    // container may not be changed.
+    let p = api.get("dbg").await?;
+    let status = p.status.clone().unwrap_or_default();
+    ensure!(status.phase.as_deref() == Some("Running"), "{status:?}");
+    ensure!(status.container_statuses.unwrap_or_default()[0].restart_count == 0);
+    ensure!(p.spec.and_then(|s| s.ephemeral_containers).map(|e| e.len()) == Some(4));
+    let patch = json!([{"op": "replace", "path": "/spec/ephemeralContainers/0/image", "value": "alpine"}]);
+    let r = e2e::raw(
+        env.api.port,
+        "PATCH",
+        "/api/v1/namespaces/default/pods/dbg/ephemeralcontainers",
+        Some("application/json-patch+json"),
+        patch.to_string().as_bytes(),
+    )?;
+    ensure!(r.status == 422, "{} {}", r.status, r.text());
+    ensure!(r.json()["details"]["causes"][0]["field"] == "spec.ephemeralContainers[0]", "{}", r.text());
+    Ok(())
+}

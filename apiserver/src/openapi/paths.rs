@@ -236,6 +236,7 @@ pub fn resource_paths(flavor: Flavor, r: &ResourceDef, def: &str, paths: &mut BT
     for sub in r.subresources {
         let (sub_def, sub_gvk, title) = match sub {
             Sub::Status => (def.to_string(), gvk, "Status"),
+            Sub::EphemeralContainers => (def.to_string(), gvk, "Ephemeralcontainers"),
             Sub::Scale => ("io.k8s.api.autoscaling.v1.Scale".to_string(), ("autoscaling", "v1", "Scale"), "Scale"),
             _ => continue,
         };

@@ -75,6 +75,8 @@ pub enum UpdateKind {
     Status,
     /// PUT of `namespaces/<n>/finalize`: only spec.finalizers changes.
     Finalize,
+    /// PUT/PATCH of `pods/<n>/ephemeralcontainers`: only spec.ephemeralContainers changes.
+    EphemeralContainers,
     /// A server-side change built from the stored object (binding, scale).
     Internal,
 }
@@ -739,7 +741,7 @@ impl Registry {
             let name = meta_str(&obj, "name").to_string();
             strategy.prepare_for_create(&mut obj);
             let mut errs = validate_object_meta(&obj, strategy.name_rule(), res.namespaced);
-            errs.extend(strategy.validate(&obj));
+            errs.extend(strategy.validate_create(&obj));
             if !errs.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, &name, errs));
             }
@@ -904,6 +906,14 @@ impl Registry {
                     new = old.clone();
                     set_at(&mut new, "/spec/finalizers", fins);
                 }
+                UpdateKind::EphemeralContainers => {
+                    let mut ephemeral = new.pointer("/spec/ephemeralContainers").cloned().unwrap_or(json!([]));
+                    if let Some(cs) = ephemeral.as_array_mut() {
+                        cs.iter_mut().for_each(crate::registry::pod::default_ephemeral_container);
+                    }
+                    new = old.clone();
+                    set_at(&mut new, "/spec/ephemeralContainers", ephemeral);
+                }
                 UpdateKind::Internal => {}
             }
             // Server-owned metadata comes from the stored object.
@@ -956,6 +966,9 @@ impl Registry {
             match kind {
                 UpdateKind::Main => errs.extend(strategy.validate_update(&new, &old)),
                 UpdateKind::Internal => errs.extend(strategy.validate(&new)),
+                UpdateKind::EphemeralContainers => {
+                    errs.extend(crate::registry::pod::validate_ephemeral_containers_update(&new, &old))
+                }
                 UpdateKind::Status | UpdateKind::Finalize => {}
             }
             if !errs.is_empty() {

@@ -30,6 +30,10 @@ pub trait Strategy: Send + Sync + 'static {
     fn validate(&self, _obj: &Value) -> Vec<FieldError> {
         vec![]
     }
+    /// Kind-specific validation of a create: by default `validate(obj)`.
+    fn validate_create(&self, obj: &Value) -> Vec<FieldError> {
+        self.validate(obj)
+    }
     /// Kind-specific validation of an update: by default `validate(new)`.
     fn validate_update(&self, new: &Value, _old: &Value) -> Vec<FieldError> {
         self.validate(new)

@@ -20,7 +20,7 @@ pub fn default_pod_spec(spec: &mut Value) {
     default_at(spec, "/terminationGracePeriodSeconds", json!(30));
     default_at(spec, "/securityContext", json!({}));
     default_at(spec, "/enableServiceLinks", json!(true));
-    for list in ["containers", "initContainers"] {
+    for list in ["containers", "initContainers", "ephemeralContainers"] {
         if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
             for c in cs {
                 default_container(c);
@@ -40,6 +40,11 @@ pub fn default_pod_spec(spec: &mut Value) {
             }
         }
     }
+}
+
+/// The defaults of an ephemeral container added through its subresource.
+pub fn default_ephemeral_container(c: &mut Value) {
+    default_container(c);
 }
 
 fn default_container(c: &mut Value) {
@@ -91,9 +96,12 @@ pub fn validate_pod_spec(spec: Option<&Value>, path: &str) -> Vec<FieldError> {
     if containers.is_none_or(|c| c.is_empty()) {
         errs.push(FieldError::required(format!("{path}.containers"), ""));
     }
-    for list in ["initContainers", "containers"] {
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
         for (i, c) in spec.get(list).and_then(Value::as_array).into_iter().flatten().enumerate() {
             let cpath = format!("{path}.{list}[{i}]");
+            if list == "ephemeralContainers" {
+                errs.extend(ephemeral_container_errors(spec, c, &cpath));
+            }
             let name = str_at(c, "/name").unwrap_or_default();
             if name.is_empty() {
                 errs.push(FieldError::required(format!("{cpath}.name"), ""));
@@ -156,7 +164,7 @@ pub fn validate_pod_spec(spec: Option<&Value>, path: &str) -> Vec<FieldError> {
         }
     }
     // Every volumeMount must name a volume.
-    for list in ["initContainers", "containers"] {
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
         for (i, c) in spec.get(list).and_then(Value::as_array).into_iter().flatten().enumerate() {
             for (j, m) in c.get("volumeMounts").and_then(Value::as_array).into_iter().flatten().enumerate() {
                 let n = str_at(m, "/name").unwrap_or_default();
@@ -208,6 +216,61 @@ pub fn validate_pod_spec(spec: Option<&Value>, path: &str) -> Vec<FieldError> {
     errs
 }
 
+/// What an ephemeral container may not have (Kubernetes' `validateEphemeralContainers`): no
+/// ports, probes, lifecycle hooks, resources or restart policy; a target that is one of the
+/// pod's containers.
+fn ephemeral_container_errors(spec: &Value, c: &Value, cpath: &str) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    for field in ["ports", "livenessProbe", "readinessProbe", "startupProbe", "lifecycle", "restartPolicy"] {
+        if c.get(field).is_some_and(|v| !v.is_null()) {
+            errs.push(FieldError::forbidden(format!("{cpath}.{field}"), "cannot be set for an Ephemeral Container"));
+        }
+    }
+    let resources = c.get("resources").and_then(Value::as_object);
+    if resources.is_some_and(|r| r.values().any(|v| v.as_object().is_some_and(|m| !m.is_empty()))) {
+        errs.push(FieldError::forbidden(format!("{cpath}.resources"), "cannot be set for an Ephemeral Container"));
+    }
+    if let Some(target) = str_at(c, "/targetContainerName").filter(|t| !t.is_empty()) {
+        let known = ["containers", "initContainers"]
+            .iter()
+            .flat_map(|l| spec.get(*l).and_then(Value::as_array).into_iter().flatten())
+            .any(|x| str_at(x, "/name") == Some(target));
+        if !known {
+            errs.push(FieldError {
+                reason: "FieldValueNotFound",
+                field: format!("{cpath}.targetContainerName"),
+                message: format!("{cpath}.targetContainerName: Not found: {target:?}"),
+            });
+        }
+    }
+    errs
+}
+
+/// An update through `pods/<name>/ephemeralcontainers` (`ValidatePodEphemeralContainersUpdate`):
+/// ephemeral containers may be added, never changed or removed; the new ones are validated
+/// with the rest of the spec.
+pub fn validate_ephemeral_containers_update(new: &Value, old: &Value) -> Vec<FieldError> {
+    let mut errs = validate_pod_spec(new.get("spec"), "spec");
+    let list =
+        |v: &Value| v.pointer("/spec/ephemeralContainers").and_then(Value::as_array).cloned().unwrap_or_default();
+    let (new_list, old_list) = (list(new), list(old));
+    for old_c in &old_list {
+        let name = str_at(old_c, "/name").unwrap_or_default();
+        match new_list.iter().position(|c| str_at(c, "/name") == Some(name)) {
+            None => errs.push(FieldError::forbidden(
+                "spec.ephemeralContainers",
+                &format!("existing ephemeral containers {name:?} may not be removed"),
+            )),
+            Some(i) if &new_list[i] != old_c => errs.push(FieldError::forbidden(
+                format!("spec.ephemeralContainers[{i}]"),
+                &format!("existing ephemeral containers {name:?} may not be changed"),
+            )),
+            Some(_) => {}
+        }
+    }
+    errs
+}
+
 /// Pod template (`spec.template`) validation: metadata labels and the pod spec.
 pub fn validate_pod_template(template: Option<&Value>, path: &str) -> Vec<FieldError> {
     let mut errs = Vec::new();
@@ -226,6 +289,12 @@ pub fn validate_pod_template(template: Option<&Value>, path: &str) -> Vec<FieldE
         }
     }
     errs.extend(validate_pod_spec(t.get("spec"), &format!("{path}.spec")));
+    if t.pointer("/spec/ephemeralContainers").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+        errs.push(FieldError::forbidden(
+            format!("{path}.spec.ephemeralContainers"),
+            "ephemeral containers not allowed in pod template",
+        ));
+    }
     errs
 }
 
@@ -278,6 +347,26 @@ impl Strategy for PodStrategy {
     }
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
         validate_pod_spec(obj.get("spec"), "spec")
+    }
+    fn validate_create(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(obj);
+        if obj.pointer("/spec/ephemeralContainers").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+            errs.push(FieldError::forbidden("spec.ephemeralContainers", "cannot be set on create"));
+        }
+        errs
+    }
+    /// Ephemeral containers change only through their subresource: a main update keeps the
+    /// stored ones.
+    fn prepare_for_update(&self, new: &mut Value, old: &Value) {
+        let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else { return };
+        match old.pointer("/spec/ephemeralContainers") {
+            Some(ec) => {
+                spec.insert("ephemeralContainers".into(), ec.clone());
+            }
+            None => {
+                spec.remove("ephemeralContainers");
+            }
+        }
     }
     fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
         let mut errs = self.validate(new);
@@ -411,5 +500,60 @@ mod tests {
         assert!(PodStrategy.validate_update(&ok, &old).is_empty());
         let bad = json!({"spec": {"containers": [{"name": "a", "image": "y", "command": ["sh"]}]}});
         assert_eq!(PodStrategy.validate_update(&bad, &old)[0].reason, "FieldValueForbidden");
+    }
+
+    fn fields(errs: Vec<FieldError>) -> Vec<String> {
+        errs.into_iter().map(|e| e.field).collect()
+    }
+
+    #[test]
+    fn ephemeral_containers_are_added_through_their_subresource_only() {
+        let debugger = json!({"name": "debugger", "image": "busybox", "targetContainerName": "a", "stdin": true});
+        let old = json!({"spec": {"containers": [{"name": "a", "image": "x"}]}});
+        let mut new = old.clone();
+        new["spec"]["ephemeralContainers"] = json!([debugger]);
+        assert!(validate_ephemeral_containers_update(&new, &old).is_empty());
+        // Not on create, not in templates, and a main update keeps the stored ones.
+        assert_eq!(fields(PodStrategy.validate_create(&new)), ["spec.ephemeralContainers"]);
+        let template = json!({"metadata": {"labels": {"a": "b"}}, "spec": new["spec"].clone()});
+        assert_eq!(
+            fields(validate_pod_template(Some(&template), "spec.template")),
+            ["spec.template.spec.ephemeralContainers"]
+        );
+        let mut main = new.clone();
+        PodStrategy.prepare_for_update(&mut main, &old);
+        assert!(main.pointer("/spec/ephemeralContainers").is_none());
+        PodStrategy.prepare_for_update(&mut main, &new);
+        assert_eq!(main.pointer("/spec/ephemeralContainers/0/name"), Some(&json!("debugger")));
+        // Existing ones may be neither changed nor removed.
+        let mut changed = new.clone();
+        changed["spec"]["ephemeralContainers"][0]["image"] = json!("alpine");
+        assert_eq!(fields(validate_ephemeral_containers_update(&changed, &new)), ["spec.ephemeralContainers[0]"]);
+        assert_eq!(fields(validate_ephemeral_containers_update(&old, &new)), ["spec.ephemeralContainers"]);
+    }
+
+    #[test]
+    fn ephemeral_container_fields_are_checked() {
+        let old = json!({"spec": {"containers": [{"name": "a", "image": "x"}]}});
+        let with = |c: Value| {
+            let mut p = old.clone();
+            p["spec"]["ephemeralContainers"] = json!([c]);
+            fields(validate_ephemeral_containers_update(&p, &old))
+        };
+        assert_eq!(with(json!({"name": "a", "image": "busybox"})), ["spec.ephemeralContainers[0].name"]);
+        assert_eq!(with(json!({"name": "d"})), ["spec.ephemeralContainers[0].image"]);
+        assert_eq!(
+            with(json!({"name": "d", "image": "b", "ports": [{"containerPort": 80}], "readinessProbe": {}})),
+            ["spec.ephemeralContainers[0].ports", "spec.ephemeralContainers[0].readinessProbe"]
+        );
+        assert_eq!(
+            with(json!({"name": "d", "image": "b", "resources": {"limits": {"cpu": "1"}}})),
+            ["spec.ephemeralContainers[0].resources"]
+        );
+        assert!(with(json!({"name": "d", "image": "b", "resources": {}})).is_empty());
+        assert_eq!(
+            with(json!({"name": "d", "image": "b", "targetContainerName": "nope"})),
+            ["spec.ephemeralContainers[0].targetContainerName"]
+        );
     }
 }

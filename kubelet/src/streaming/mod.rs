@@ -32,9 +32,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::kubelet::Kubelet;
-use crate::labels::Kind;
 use crate::runtime::State as CState;
-use crate::status::instances;
 
 /// A terminal size (a resize event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,11 +201,7 @@ pub async fn find_container(k: &Kubelet, ns: &str, pod: &str, container: &str) -
     if mine.is_empty() {
         return Err(status_response(StatusCode::NOT_FOUND, "NotFound", "pod does not exist"));
     }
-    let (mut latest, _) = instances(&mine, container, Kind::App);
-    if latest.is_none() {
-        (latest, _) = instances(&mine, container, Kind::Init);
-    }
-    let Some(c) = latest else {
+    let Some(c) = crate::status::named(&mine, container).0 else {
         return Err(status_response(
             StatusCode::NOT_FOUND,
             "NotFound",

@@ -215,7 +215,14 @@ impl ApiError {
                 let causes: Vec<Value> = d
                     .causes
                     .iter()
-                    .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                    .map(|c| {
+                        let mut cause = json!({"reason": c.reason, "message": c.message});
+                        // Kubernetes leaves out an empty field (`omitempty`).
+                        if !c.field.is_empty() {
+                            cause["field"] = c.field.clone().into();
+                        }
+                        cause
+                    })
                     .collect();
                 details.insert("causes".into(), Value::Array(causes));
             }

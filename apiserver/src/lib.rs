@@ -16,6 +16,7 @@ pub mod crds;
 pub mod error;
 pub mod eventsview;
 pub mod eventttl;
+pub mod eviction;
 pub mod hpaview;
 pub mod ipalloc;
 pub mod metrics;

@@ -311,6 +311,19 @@ pub static RESOURCES: &[ResourceDef] = &[
         &kinds::REPLICATIONCONTROLLER,
         k::core::v1::ReplicationController
     ),
+    res!(
+        "",
+        "v1",
+        "PodTemplate",
+        "podtemplates",
+        "podtemplate",
+        NONE,
+        NONE,
+        true,
+        &[],
+        &kinds::PODTEMPLATE,
+        k::core::v1::PodTemplate
+    ),
     // apps/v1
     res!(
         "apps",
@@ -363,6 +376,19 @@ pub static RESOURCES: &[ResourceDef] = &[
         STATUS,
         &kinds::DAEMONSET,
         k::apps::v1::DaemonSet
+    ),
+    res!(
+        "apps",
+        "v1",
+        "ControllerRevision",
+        "controllerrevisions",
+        "controllerrevision",
+        NONE,
+        NONE,
+        true,
+        &[],
+        &kinds::CONTROLLERREVISION,
+        k::apps::v1::ControllerRevision
     ),
     // batch/v1
     res!("batch", "v1", "Job", "jobs", "job", NONE, ALL, true, STATUS, &kinds::JOB, k::batch::v1::Job),
@@ -583,6 +609,20 @@ pub static RESOURCES: &[ResourceDef] = &[
         &[],
         &kinds::PRIORITYCLASS,
         k::scheduling::v1::PriorityClass
+    ),
+    // policy/v1 (pods/eviction honours these budgets)
+    res!(
+        "policy",
+        "v1",
+        "PodDisruptionBudget",
+        "poddisruptionbudgets",
+        "poddisruptionbudget",
+        &["pdb"],
+        NONE,
+        true,
+        STATUS,
+        &kinds::PDB,
+        k::policy::v1::PodDisruptionBudget
     ),
 ];
 

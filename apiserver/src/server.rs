@@ -311,6 +311,52 @@ async fn route(
     }
 }
 
+/// Before an eviction deletes a pod: consume its PodDisruptionBudget, or refuse (see
+/// [`crate::eviction`]). The budget's status is written with its resourceVersion as the
+/// precondition, so two evictions never spend the same disruption; a lost race decides again.
+async fn check_disruption_budgets(
+    state: &AppState,
+    pods: &ResourceDef,
+    ns: &str,
+    name: &str,
+    dry_run: bool,
+) -> ApiResult<()> {
+    use crate::eviction::{decide, Verdict};
+    let reg = &state.registry;
+    let pdbs = resources::find("policy", "v1", "poddisruptionbudgets")
+        .ok_or_else(|| ApiError::internal("no poddisruptionbudgets resource"))?;
+    for _ in 0..5 {
+        let pod = reg.get(pods, ns, name).await?;
+        let list = reg.list(pdbs, Some(ns), &ListOptions::default()).await?;
+        let items = list.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+        let now = crate::registry::generic::now_rfc3339();
+        let (budget, status) = match decide(&pod, &items, &now, dry_run) {
+            Verdict::Delete => return Ok(()),
+            Verdict::Refuse(e) => return Err(e),
+            Verdict::Consume { budget, status } => (budget, status),
+        };
+        let read = items
+            .iter()
+            .find(|p| p.pointer("/metadata/name").and_then(Value::as_str) == Some(budget.as_str()))
+            .and_then(|p| p.pointer("/metadata/resourceVersion").and_then(Value::as_str))
+            .and_then(|rv| rv.parse().ok());
+        let outcome = reg
+            .guaranteed_update(pdbs, ns, &budget, UpdateKind::Status, &WriteOptions::default(), |current| {
+                let Some(current) = current else { return Ok(None) };
+                let mut new = current.clone();
+                new["status"] = status.clone();
+                Ok(Some(Intent { object: new, precondition: read }))
+            })
+            .await;
+        match outcome {
+            Ok(_) => return Ok(()),
+            Err(e) if e.code == 409 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::new(429, "TooManyRequests", "too many concurrent evictions; please retry"))
+}
+
 /// `POST` of a review (see [`crate::reviews`]).
 async fn review(
     state: &AppState,
@@ -635,7 +681,9 @@ async fn resource_request(
         // ---- scale
         ("get", Some(Sub::Scale)) => {
             let obj = reg.get(res, &ns, &name).await?;
-            Ok(json_response(StatusCode::OK, &scale_of(res, &obj)?, &[]))
+            let scale = scale_of(res, &obj)?;
+            let body = if table { crate::table::scale_table(&scale, query) } else { scale };
+            Ok(json_response(StatusCode::OK, &body, &[]))
         }
         ("update", Some(Sub::Scale)) | ("patch", Some(Sub::Scale)) => {
             let ptype = if verb == "patch" { Some(patch_type(headers)?) } else { None };
@@ -687,7 +735,7 @@ async fn resource_request(
             }
             let del = eviction.get("deleteOptions").cloned().unwrap_or(json!({}));
             let opts = delete_options(query, &serde_json::to_vec(&del).unwrap_or_default())?;
-            // TODO: PodDisruptionBudgets (policy/v1) are not served yet, so nothing blocks an eviction.
+            check_disruption_budgets(state, res, &ns, &name, opts.dry_run).await?;
             reg.delete(res, &ns, &name, &opts).await?;
             Ok(json_response(
                 StatusCode::CREATED,

@@ -377,17 +377,51 @@ pub fn to_table(res: &ResourceDef, list: &Value, query: &HashMap<String, String>
             None,
         ),
     };
+    let cell = |o: &Value| match &custom_cells {
+        Some(f) => f(o),
+        None => cells(res, o),
+    };
+    build(cols, &cell, list, query)
+}
+
+/// Column definitions from (name, type, priority), as kubectl reads them.
+fn cols(spec: &[(&str, &str, i64)]) -> Vec<Value> {
+    spec.iter()
+        .map(|(n, t, p)| json!({"name": n, "type": t, "format": if *n == "Name" { "name" } else { "" }, "description": "", "priority": p}))
+        .collect()
+}
+
+/// The Table of a Scale subresource (`kubectl get deploy x --subresource=scale`).
+pub fn scale_table(scale: &Value, query: &HashMap<String, String>) -> Value {
+    let cols =
+        cols(&[("Name", "string", 0), ("Desired", "integer", 0), ("Available", "integer", 0), ("Age", "string", 0)]);
+    let cell = |o: &Value| {
+        vec![
+            json!(s(o.pointer("/metadata/name"))),
+            json!(i(o.pointer("/spec/replicas"))),
+            json!(i(o.pointer("/status/replicas"))),
+            json!(age(o)),
+        ]
+    };
+    let list = json!({"metadata": {"resourceVersion": scale.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""))}, "items": [scale]});
+    build(cols, &cell, &list, query)
+}
+
+/// A Table of `list`'s items: the columns, one row of cells per item, and the object each
+/// row is for as `includeObject` asks.
+fn build(
+    cols: Vec<Value>,
+    cell: &dyn Fn(&Value) -> Vec<Value>,
+    list: &Value,
+    query: &HashMap<String, String>,
+) -> Value {
     let include = query.get("includeObject").map(String::as_str).unwrap_or("PartialObjectMetadata");
     let rows: Vec<Value> = list["items"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|o| {
-            let row_cells = match &custom_cells {
-                Some(f) => f(o),
-                None => cells(res, o),
-            };
-            let mut row = json!({"cells": row_cells});
+            let mut row = json!({"cells": cell(o)});
             match include {
                 "None" => {}
                 "Object" => row["object"] = o.clone(),
@@ -423,6 +457,18 @@ mod tests {
         assert_eq!(human_duration(5 * 3600 + 60), "5h1m");
         assert_eq!(human_duration(30 * 3600), "30h");
         assert_eq!(human_duration(3 * 86400), "3d");
+    }
+
+    #[test]
+    fn scale_table_columns() {
+        let scale = json!({"metadata": {"name": "web", "resourceVersion": "7", "creationTimestamp": "2020-01-01T00:00:00Z"},
+                           "spec": {"replicas": 5}, "status": {"replicas": 3}});
+        let t = scale_table(&scale, &HashMap::new());
+        let names: Vec<&str> =
+            t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["Name", "Desired", "Available", "Age"]);
+        assert_eq!(t["rows"][0]["cells"].as_array().unwrap()[..3], [json!("web"), json!(5), json!(3)]);
+        assert_eq!(t["metadata"]["resourceVersion"], "7");
     }
 
     #[test]
@@ -470,8 +516,6 @@ type CellsFn = fn(&Value) -> Vec<Value>;
 
 /// Kinds whose columns differ from the NAME … AGE pattern of [`columns`].
 fn kind_table(res: &ResourceDef) -> Option<(Vec<Value>, CellsFn)> {
-    let c = |name: &str, ty: &str, priority: i64| json!({"name": name, "type": ty, "format": if name == "Name" { "name" } else { "" }, "description": "", "priority": priority});
-    let cols = |spec: &[(&str, &str, i64)]| -> Vec<Value> { spec.iter().map(|(n, t, p)| c(n, t, *p)).collect() };
     let name = |o: &Value| json!(s(o.pointer("/metadata/name")));
     Some(match (res.group, res.plural) {
         ("apps", "daemonsets") => (
@@ -739,6 +783,70 @@ fn kind_table(res: &ResourceDef) -> Option<(Vec<Value>, CellsFn)> {
                     json!(if tls { "80, 443" } else { "80" }),
                     json!(age(o)),
                 ]
+            },
+        ),
+        ("policy", "poddisruptionbudgets") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Min Available", "string", 0),
+                ("Max Unavailable", "string", 0),
+                ("Allowed Disruptions", "integer", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let budget = |p: &str| match o.pointer(p) {
+                    Some(Value::Number(n)) => n.to_string(),
+                    Some(Value::String(s)) => s.clone(),
+                    _ => "N/A".into(),
+                };
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(budget("/spec/minAvailable")),
+                    json!(budget("/spec/maxUnavailable")),
+                    json!(i(o.pointer("/status/disruptionsAllowed"))),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("apps", "controllerrevisions") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Controller", "string", 0),
+                ("Revision", "integer", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let owner = o
+                    .pointer("/metadata/ownerReferences")
+                    .and_then(Value::as_array)
+                    .and_then(|refs| refs.iter().find(|r| r.get("controller") == Some(&json!(true))))
+                    .map(|r| {
+                        let group =
+                            s(r.get("apiVersion")).split_once('/').map(|(g, _)| format!(".{g}")).unwrap_or_default();
+                        format!("{}{group}/{}", s(r.get("kind")).to_lowercase(), s(r.get("name")))
+                    })
+                    .unwrap_or_else(|| "<none>".into());
+                vec![json!(s(o.pointer("/metadata/name"))), json!(owner), json!(i(o.get("revision"))), json!(age(o))]
+            },
+        ),
+        ("", "podtemplates") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Containers", "string", 0),
+                ("Images", "string", 0),
+                ("Pod Labels", "string", 0),
+            ]),
+            |o| {
+                let containers =
+                    o.pointer("/template/spec/containers").and_then(Value::as_array).cloned().unwrap_or_default();
+                let field = |f: &str| containers.iter().map(|c| s(c.get(f))).collect::<Vec<_>>().join(",");
+                let labels = o
+                    .pointer("/template/metadata/labels")
+                    .and_then(Value::as_object)
+                    .map(|m| m.iter().map(|(k, v)| format!("{k}={}", s(Some(v)))).collect::<Vec<_>>().join(","))
+                    .filter(|l| !l.is_empty())
+                    .unwrap_or_else(|| "<none>".into());
+                vec![json!(s(o.pointer("/metadata/name"))), json!(field("name")), json!(field("image")), json!(labels)]
             },
         ),
         ("coordination.k8s.io", "leases") => {

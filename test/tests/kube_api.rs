@@ -217,6 +217,13 @@ async fn typed_crud_for_every_kind() -> Result<()> {
         json!({"metadata": {"name": "crb1"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cr1"}, "subjects": [{"kind": "User", "name": "u"}]})
     );
     cluster_crud!(c, scheduling::v1::PriorityClass, json!({"metadata": {"name": "pc1"}, "value": 1000}));
+    ns_crud!(
+        c,
+        policy::v1::PodDisruptionBudget,
+        json!({"metadata": {"name": "pdb1"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "x"}}}})
+    );
+    ns_crud!(c, apps::v1::ControllerRevision, json!({"metadata": {"name": "cr1"}, "revision": 1, "data": {"a": 1}}));
+    ns_crud!(c, core::v1::PodTemplate, json!({"metadata": {"name": "pt1"}, "template": template(json!({}), "Always")}));
     Ok(())
 }
 

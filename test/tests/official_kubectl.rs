@@ -73,6 +73,10 @@ fn kubectl_create_get_label_annotate_scale_replace_delete() -> Result<()> {
         "jsonpath={.spec.replicas} {.metadata.generation} {.metadata.annotations.example\\.com/note}",
     ])?;
     ensure!(out.stdout == "5 2 hello", "{out:?}");
+    let out = k(&["get", "deploy", "web", "--subresource=scale"])?;
+    let rows: Vec<Vec<&str>> = out.stdout.lines().map(|l| l.split_whitespace().collect()).collect();
+    ensure!(rows.len() == 2 && rows[0] == ["NAME", "DESIRED", "AVAILABLE", "AGE"], "{out:?}");
+    ensure!(rows[1][..3] == ["web", "5", "0"], "{out:?}");
     let out = k(&["get", "pods", "-l", "tier=frontend", "-o", "name"])?;
     ensure!(out.stdout.trim() == "pod/shared-pod", "{out:?}");
     // label --overwrite / removal

@@ -45,6 +45,10 @@ pub static NETWORKPOLICY: NetworkPolicyStrategy = NetworkPolicyStrategy;
 pub static RBAC: Plain = Plain { name_rule: NameRule::PathSegment, ..Plain::DEFAULT };
 pub static RBAC_BINDING: RoleBindingStrategy = RoleBindingStrategy;
 pub static PRIORITYCLASS: PriorityClassStrategy = PriorityClassStrategy;
+pub static PDB: PdbStrategy = PdbStrategy;
+pub static PODTEMPLATE: PodTemplateStrategy = PodTemplateStrategy;
+pub static CONTROLLERREVISION: RequiredFields =
+    RequiredFields { fields: &[("/revision", "revision")], immutable: &[("/data", "data")] };
 
 /// Kinds with nothing special beyond a name rule and a couple of flags.
 pub struct Plain {
@@ -799,9 +803,127 @@ impl Strategy for PriorityClassStrategy {
     }
 }
 
+// ------------------------------------------------------------------------- PodTemplate
+
+pub struct PodTemplateStrategy;
+
+impl Strategy for PodTemplateStrategy {
+    fn prepare_for_create(&self, obj: &mut Value) {
+        if let Some(spec) = obj.pointer_mut("/template/spec") {
+            super::pod::default_pod_spec(spec);
+        }
+    }
+    fn prepare_for_update(&self, new: &mut Value, _old: &Value) {
+        self.prepare_for_create(new);
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        super::pod::validate_pod_template(obj.get("template"), "template")
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+    fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
+        common_field_value(obj, field)
+    }
+}
+
+// ------------------------------------------------------------------------- PodDisruptionBudget
+
+/// policy/v1 PodDisruptionBudget: the disruption controller (controller-manager) keeps its
+/// status, `pods/eviction` consumes it (`crate::eviction`).
+pub struct PdbStrategy;
+
+/// An `IntOrString` budget: a non-negative integer or a percentage 0–100% (Kubernetes'
+/// `ValidatePodDisruptionBudgetSpec` → `ValidatePositiveIntOrPercent` + `IsNotMoreThan100Percent`).
+fn int_or_percent_errors(v: &Value, field: &str) -> Option<FieldError> {
+    match v {
+        Value::Number(n) if n.as_i64().is_some_and(|i| i >= 0) => None,
+        Value::Number(_) => Some(FieldError::invalid(field, v, "must be greater than or equal to 0")),
+        Value::String(s) => match s.strip_suffix('%').and_then(|p| p.parse::<i64>().ok()) {
+            Some(p) if (0..=100).contains(&p) => None,
+            Some(_) => Some(FieldError::invalid(field, v, "must not be greater than 100%")),
+            None => Some(FieldError::invalid(
+                field,
+                v,
+                "a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+            )),
+        },
+        _ => Some(FieldError::invalid(field, v, "must be an integer or percentage (e.g '5%')")),
+    }
+}
+
+impl Strategy for PdbStrategy {
+    fn prepare_for_create(&self, obj: &mut Value) {
+        // The controller has not looked at it yet.
+        obj["status"] = json!({"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0});
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let min = obj.pointer("/spec/minAvailable").filter(|v| !v.is_null());
+        let max = obj.pointer("/spec/maxUnavailable").filter(|v| !v.is_null());
+        if let (Some(_), Some(m)) = (min, max) {
+            errs.push(FieldError::invalid("spec", m, "minAvailable and maxUnavailable cannot be both set"));
+        }
+        errs.extend(min.and_then(|v| int_or_percent_errors(v, "spec.minAvailable")));
+        errs.extend(max.and_then(|v| int_or_percent_errors(v, "spec.maxUnavailable")));
+        if let Some(p) = str_at(obj, "/spec/unhealthyPodEvictionPolicy") {
+            if !["IfHealthyBudget", "AlwaysAllow"].contains(&p) {
+                errs.push(FieldError::not_supported(
+                    "spec.unhealthyPodEvictionPolicy",
+                    &json!(p),
+                    &["AlwaysAllow", "IfHealthyBudget"],
+                ));
+            }
+        }
+        if let Some(sel) = obj.pointer("/spec/selector").filter(|s| !s.is_null()) {
+            if let Err(e) = crate::selectors::LabelSelector::from_label_selector_json(sel) {
+                errs.push(FieldError::invalid("spec.selector", sel, &e.0));
+            }
+        }
+        errs
+    }
+    fn tracks_generation(&self) -> bool {
+        true
+    }
+    fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
+        common_field_value(obj, field)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disruption_budgets_are_validated() {
+        let pdb = |spec: Value| json!({"metadata": {"name": "web"}, "spec": spec});
+        let fields = |spec: Value| PDB.validate(&pdb(spec)).into_iter().map(|e| e.field).collect::<Vec<_>>();
+        assert!(fields(json!({"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}})).is_empty());
+        assert!(fields(json!({"maxUnavailable": "25%"})).is_empty());
+        assert_eq!(fields(json!({"minAvailable": 1, "maxUnavailable": 1})), ["spec"]);
+        assert_eq!(fields(json!({"minAvailable": -1})), ["spec.minAvailable"]);
+        assert_eq!(fields(json!({"maxUnavailable": "150%"})), ["spec.maxUnavailable"]);
+        assert_eq!(fields(json!({"maxUnavailable": "half"})), ["spec.maxUnavailable"]);
+        assert_eq!(fields(json!({"unhealthyPodEvictionPolicy": "Never"})), ["spec.unhealthyPodEvictionPolicy"]);
+        assert_eq!(fields(json!({"selector": {"matchLabels": {"bad key": "x"}}})), ["spec.selector"]);
+        let mut created = pdb(json!({"minAvailable": 1}));
+        PDB.prepare_for_create(&mut created);
+        assert_eq!(created["status"]["disruptionsAllowed"], 0);
+    }
+
+    #[test]
+    fn controller_revision_data_is_immutable_and_pod_templates_validated() {
+        let old = json!({"metadata": {"name": "r1"}, "revision": 1, "data": {"spec": 1}});
+        let mut new = old.clone();
+        new["data"] = json!({"spec": 2});
+        assert_eq!(CONTROLLERREVISION.validate_update(&new, &old)[0].field, "data");
+        assert_eq!(CONTROLLERREVISION.validate(&json!({"data": {}}))[0].field, "revision");
+        let mut t = json!({"metadata": {"name": "t"}, "template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}});
+        PODTEMPLATE.prepare_for_create(&mut t);
+        assert_eq!(t["template"]["spec"]["restartPolicy"], "Always");
+        assert!(PODTEMPLATE.validate(&t).is_empty());
+        assert_eq!(PODTEMPLATE.validate(&json!({"template": {"spec": {}}}))[0].field, "template.spec.containers");
+    }
 
     #[test]
     fn secret_string_data_folds() {

@@ -8,6 +8,7 @@
 
 mod cronjob;
 mod deployment;
+mod disruption;
 mod endpoints;
 mod events;
 mod garbagecollector;
@@ -54,6 +55,7 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("job", true),
     ("cronjob", true),
     ("serviceaccount", true),
+    ("disruption", true),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -238,6 +240,9 @@ async fn main() -> anyhow::Result<()> {
             }
             "serviceaccount" => {
                 tasks.spawn(serviceaccount::run(client.clone()));
+            }
+            "disruption" => {
+                tasks.spawn(disruption::run(client.clone(), pods.clone()));
             }
             _ => {}
         }

@@ -13,7 +13,8 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -438,6 +439,93 @@ async fn every_namespace_has_a_default_service_account() -> Result<()> {
     assert!(sas.get_opt("default").await?.is_none());
     assert!(!t.cm.log().contains("service account sync failed"), "{}", t.cm.log());
     Ok(())
+}
+
+async fn budget(api: &Api<PodDisruptionBudget>, name: &str) -> (i32, i32, i32, i32) {
+    let s = api.get(name).await.ok().and_then(|p| p.status).unwrap_or_default();
+    let n = |v: Option<i32>| v.unwrap_or(-1);
+    (n(s.expected_pods), n(s.desired_healthy), n(s.current_healthy), n(s.disruptions_allowed))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn disruption_budgets_gate_evictions() -> Result<()> {
+    let t = Fixture::start("pdb").await?;
+    let api = &t.api;
+    let deps: Api<Deployment> = t.api();
+    deps.create(&PostParams::default(), &deployment("web", 3, "nginx:1")?).await?;
+    deps.create(&PostParams::default(), &deployment("db", 4, "nginx:1")?).await?;
+    let pdbs: Api<PodDisruptionBudget> = t.api();
+    for (name, budget) in [("web", json!({"minAvailable": 2})), ("db", json!({"maxUnavailable": "25%"}))] {
+        let mut spec = budget;
+        spec["selector"] = json!({"matchLabels": {"app": name}});
+        pdbs.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec}))?,
+        )
+        .await?;
+    }
+    // minAvailable 2 of 3 ready pods: one disruption; maxUnavailable 25% of the Deployment's 4: one.
+    eventually(WAIT, || async { budget(&pdbs, "web").await == (3, 2, 3, 1) }).await.context("web budget")?;
+    eventually(WAIT, || async { budget(&pdbs, "db").await == (4, 3, 4, 1) }).await.context("db budget")?;
+    let out = kubectl_ok(api, &["get", "pdb", "-n", "pdb"]).await?;
+    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0], ["NAME", "MIN", "AVAILABLE", "MAX", "UNAVAILABLE", "ALLOWED", "DISRUPTIONS", "AGE"]);
+    assert_eq!(rows[1][..4], ["db", "N/A", "25%", "1"]);
+    assert_eq!(rows[2][..4], ["web", "2", "N/A", "1"]);
+
+    // The first eviction spends the budget; the next is refused with 429 until the
+    // Deployment's replacement is ready.
+    let pods: Api<Pod> = t.api();
+    let web = active_pods(&pods, "app=web").await;
+    let names: Vec<String> = web.iter().filter_map(|p| p.metadata.name.clone()).collect();
+    // Replacements stay Pending (not ready) until the agent is let go again.
+    t.agent.ready.store(false, std::sync::atomic::Ordering::SeqCst);
+    pods.evict(&names[0], &EvictParams::default()).await?;
+    // (Raw HTTP: the kube client retries 429s on its own.)
+    let eviction = json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": names[1]}});
+    let path = format!("/api/v1/namespaces/pdb/pods/{}/eviction", names[1]);
+    let r = e2e::raw(api.port, "POST", &path, Some("application/json"), eviction.to_string().as_bytes())?;
+    assert_eq!(r.status, 429, "{}", r.text());
+    let status = r.json();
+    assert_eq!(status["reason"], "TooManyRequests");
+    assert_eq!(status["message"], "Cannot evict pod as it would violate the pod's disruption budget.");
+    assert_eq!(status["details"]["causes"][0]["reason"], "DisruptionBudget");
+    // "has 3" until the controller has seen the first eviction through, then "has 2".
+    let cause = status["details"]["causes"][0]["message"].as_str().unwrap_or_default();
+    assert!(cause.starts_with("The disruption budget web needs 2 healthy pods and has "), "{cause}");
+    assert!(pods.get_opt(&names[1]).await?.is_some_and(|p| p.metadata.deletion_timestamp.is_none()));
+    t.agent.ready.store(true, std::sync::atomic::Ordering::SeqCst);
+    kubectl_ok(api, &["annotate", "pods", "-n", "pdb", "-l", "app=web", "nudge=1"]).await?;
+    eventually(WAIT, || async {
+        budget(&pdbs, "web").await == (3, 2, 3, 1) && active_pods(&pods, "app=web").await.len() == 3
+    })
+    .await
+    .context("budget back once the replacement is ready")?;
+    pods.evict(&names[1], &EvictParams::default()).await.context("eviction allowed again")?;
+
+    // A dry run spends nothing; a pod outside every budget goes freely.
+    let db = active_pods(&pods, "app=db").await;
+    let db0 = db[0].metadata.name.clone().unwrap_or_default();
+    // (`?dryRun=All`: the kube crate sends EvictParams' delete_options under a key the
+    // apiserver does not read, as Kubernetes would not either.)
+    let dry = EvictParams { post_options: PostParams { dry_run: true, ..Default::default() }, ..Default::default() };
+    pods.evict(&db0, &dry).await?;
+    assert_eq!(budget(&pdbs, "db").await.3, 1);
+    assert!(pods.get_opt(&db0).await?.is_some_and(|p| p.metadata.deletion_timestamp.is_none()));
+    let lone: Pod = serde_json::from_value(json!({"metadata": {"name": "lone", "labels": {"app": "lone"}},
+        "spec": {"containers": [{"name": "c", "image": "nginx:1"}]}}))?;
+    pods.create(&PostParams::default(), &lone).await?;
+    eventually(WAIT, || async { active_pods(&pods, "app=lone").await.iter().any(|p| crate_ready(p)) }).await?;
+    pods.evict("lone", &EvictParams::default()).await?;
+    assert!(!t.cm.log().contains("disruption budget sync failed"), "{}", t.cm.log());
+    Ok(())
+}
+
+fn crate_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -64,6 +64,18 @@ pub struct Ctx {
     discovered: OnceCell<Vec<ApiRes>>,
 }
 
+/// How often a request the server asked to retry is sent again (client-go's `maxRetries`).
+const MAX_RETRIES: u32 = 10;
+
+/// The delay a throttled or unavailable server asked for, if it asked.
+fn retry_after(s: &kube::core::Status) -> Option<std::time::Duration> {
+    let secs = s.details.as_ref().map_or(0, |d| d.retry_after_seconds);
+    (s.code == 429 || s.code >= 500)
+        .then_some(secs)
+        .filter(|s| *s > 0)
+        .map(|s| std::time::Duration::from_secs(s as u64))
+}
+
 impl Ctx {
     pub async fn connect(g: &GlobalOpts) -> Result<Ctx> {
         let kc = load_kubeconfig(g.kubeconfig.as_ref())?;
@@ -86,6 +98,9 @@ impl Ctx {
         let server = config.cluster_url.to_string();
         let namespace = g.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
         config.read_timeout = None;
+        // kubectl retries only what the server asks to be retried (see `call`); the kube
+        // crate's own policy would retry every 429 for minutes (a drain's disruption budget).
+        config.default_retry = false;
         let client = kube::Client::try_from(config).map_err(|e| from_kube(e, &server))?;
         Ok(Ctx { client, server, namespace, namespace_flag: g.namespace.is_some(), discovered: OnceCell::new() })
     }
@@ -116,8 +131,19 @@ impl Ctx {
         accept: &str,
         body: Option<(&str, Vec<u8>)>,
     ) -> Result<String> {
-        let req = self.request(method, path, accept, body)?;
-        self.client.request_text(req).await.map_err(|e| from_kube(e, &self.server))
+        // As client-go: a 429 or 5xx that says when to come back (Retry-After, also in the
+        // Status' details) is sent again after that long, at most MAX_RETRIES times.
+        let mut attempt = 0;
+        loop {
+            let req = self.request(method.clone(), path, accept, body.as_ref().map(|(ct, b)| (*ct, b.clone())))?;
+            match self.client.request_text(req).await {
+                Err(kube::Error::Api(s)) if attempt < MAX_RETRIES && retry_after(&s).is_some() => {
+                    attempt += 1;
+                    tokio::time::sleep(retry_after(&s).unwrap_or_default()).await;
+                }
+                other => return other.map_err(|e| from_kube(e, &self.server)),
+            }
+        }
     }
 
     /// Send a request and decode the JSON answer.

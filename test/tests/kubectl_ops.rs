@@ -100,6 +100,34 @@ fn logs_drain_and_rollout_undo_like_the_official_kubectl() -> Result<()> {
     ensure!(drains[0].0 == drains[1].0, "refused drain:\nours {:?}\nofficial {:?}", drains[0].0, drains[1].0);
     ensure!(drains[0].1 == drains[1].1, "forced drain:\nours {:?}\nofficial {:?}", drains[0].1, drains[1].1);
 
+    // ---- drain against a PodDisruptionBudget: the second eviction waits (429, retried every
+    // 5 s) until the Deployment's replacement is ready (6 s after it starts), then the drain
+    // completes.
+    for (bin, label) in [(&ours, "ours"), (&official, "official")] {
+        let manifest = format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: guarded\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {{app: guarded}}\n  template:\n    metadata:\n      labels: {{app: guarded}}\n    spec:\n      nodeName: {node}\n      terminationGracePeriodSeconds: 1\n      containers:\n      - name: main\n        image: busybox\n        imagePullPolicy: IfNotPresent\n        command: [sleep, '3600']\n        readinessProbe:\n          exec:\n            command: ['true']\n          initialDelaySeconds: 6\n          periodSeconds: 1\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: guarded\nspec:\n  minAvailable: 1\n  selector:\n    matchLabels: {{app: guarded}}\n"
+        );
+        let out = run(&official, &url, &["apply", "-f", "-"], Some(&manifest))?;
+        ensure!(out.code == 0, "{out:?}");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while run(&official, &url, &["get", "pdb", "guarded", "-o", "jsonpath={.status.disruptionsAllowed}"], None)?
+            .stdout
+            != "1"
+        {
+            ensure!(Instant::now() < deadline, "{label}: the budget never allowed a disruption");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let drained = run(bin, &url, &["drain", &node, "--timeout=120s"], None)?;
+        ensure!(drained.code == 0, "{label}: {drained:?}");
+        let waited = "(will retry after 5s): Cannot evict pod as it would violate the pod's disruption budget.";
+        ensure!(drained.stderr.contains(waited), "{label}: no 429 retry: {drained:?}");
+        ensure!(drained.stdout.ends_with(&format!("node/{node} drained\n")), "{label}: {drained:?}");
+        let out = run(bin, &url, &["delete", "-f", "-"], Some(&manifest))?;
+        ensure!(out.code == 0, "{label}: {out:?}");
+        let out = run(bin, &url, &["uncordon", &node], None)?;
+        ensure!(out.code == 0, "{label}: {out:?}");
+    }
+
     // ---- rollout undo: two revisions, back and forth
     let out = run(&official, &url, &["create", "deployment", "web", "--image=busybox:1", "--replicas=0"], None)?;
     ensure!(out.code == 0, "{out:?}");

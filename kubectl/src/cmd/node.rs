@@ -124,6 +124,9 @@ pub fn drain_errors(errors: &[String]) -> String {
     }
 }
 
+/// How long `drain` waits before evicting a pod again that a disruption budget protects.
+const EVICTION_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub async fn drain(ctx: &Ctx, a: &DrainArgs) -> Result<()> {
     set_unschedulable(ctx, &a.node, true, false).await?;
     let pods = ctx
@@ -192,8 +195,26 @@ pub async fn drain(ctx: &Ctx, a: &DrainArgs) -> Result<()> {
             body["deleteOptions"] = json!({"gracePeriodSeconds": a.grace_period});
         }
         let path = format!("/api/v1/namespaces/{ns}/pods/{name}");
-        ctx.json(Method::POST, &format!("{path}/eviction"), Some(("application/json", body.to_string().into_bytes())))
-            .await?;
+        // A disruption budget that allows nothing now answers 429: kubectl retries every 5 s
+        // until --timeout, saying so each time.
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            let eviction = body.to_string().into_bytes();
+            match ctx.json(Method::POST, &format!("{path}/eviction"), Some(("application/json", eviction))).await {
+                Ok(_) => break,
+                Err(KubectlError::Api { code: 429, message, .. }) => {
+                    eprintln!("error when evicting pods/{name:?} -n {ns:?} (will retry after 5s): {message}");
+                    if deadline.is_some_and(|d| std::time::Instant::now() + EVICTION_RETRY > d) {
+                        return Err(KubectlError::msg(format!(
+                            "error when evicting pods/{name:?} -n {ns:?}: global timeout reached: {}",
+                            a.timeout
+                        )));
+                    }
+                    tokio::time::sleep(EVICTION_RETRY).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         super::delete::wait_gone(ctx, &path, timeout).await?;
         println!("pod/{name} evicted");
     }

@@ -7,8 +7,12 @@
 //! like kube-apiserver (Go's `http.Server.IdleTimeout`, 90 s) a connection that sends no
 //! new request for [`IDLE_TIMEOUT`] is closed; clients open a new one when they need it.
 //! A watch or a long response is not idle: the timer runs only while waiting for a request.
+//! A connection that sends nothing at all gets the same limit for its first byte (hyper's
+//! timer only starts once it knows the connection is HTTP/1, from those bytes).
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -19,7 +23,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Sleep;
 use tower::ServiceExt;
 
 /// How long a keep-alive connection may wait for its next request (kube-apiserver: 90 s).
@@ -47,6 +53,7 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Out
             _ = &mut shutdown => break,
         };
         let service = TowerToHyperService::new(app.clone().map_request(|req: Request<Incoming>| req.map(Body::new)));
+        let stream = FirstByteTimeout::new(stream, idle_timeout);
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
@@ -57,6 +64,62 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Out
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// A connection that fails with `TimedOut` if its first byte does not arrive in time.
+struct FirstByteTimeout {
+    inner: TcpStream,
+    /// Until the first byte.
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl FirstByteTimeout {
+    fn new(inner: TcpStream, limit: Duration) -> Self {
+        FirstByteTimeout { inner, deadline: Some(Box::pin(tokio::time::sleep(limit))) }
+    }
+}
+
+impl AsyncRead for FirstByteTimeout {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    self.deadline = None;
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => match self.deadline.as_mut().map(|d| d.as_mut().poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no request on a new connection in time",
+                ))),
+                _ => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl AsyncWrite for FirstByteTimeout {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]
@@ -93,5 +156,20 @@ mod tests {
         let mut buf = [0u8; 16];
         let read = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf)).await;
         assert!(matches!(read, Ok(Ok(0))), "the idle connection was not closed: {read:?}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_never_speaks_is_closed_and_a_slow_first_request_is_served() {
+        let addr = server(Duration::from_millis(300)).await;
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "the silent connection was not closed: {read:?}");
+        // A request that starts within the limit is answered, however long the connection waits after.
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(get_once(&mut slow).await.starts_with("HTTP/1.1 200"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(get_once(&mut slow).await.starts_with("HTTP/1.1 200"));
     }
 }

@@ -21,9 +21,11 @@ pub const MAX_DISRUPTED_PODS: usize = 2000;
 pub enum Verdict {
     /// Delete the pod; no budget is involved or consumed.
     Delete,
-    /// Write this status to the named budget (precondition: the version read), then delete.
+    /// Write this status to the named budget, whose `resource_version` it was decided on
+    /// (the write's precondition), then delete.
     Consume {
         budget: String,
+        resource_version: String,
         status: Value,
     },
     Refuse(ApiError),
@@ -138,7 +140,9 @@ pub fn decide(pod: &Value, pdbs: &[Value], now: &str, dry_run: bool) -> Verdict 
         status["disruptedPods"] = json!({});
     }
     status["disruptedPods"][pod_name] = json!(now);
-    Verdict::Consume { budget: name, status }
+    let resource_version =
+        pdb.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+    Verdict::Consume { budget: name, resource_version, status }
 }
 
 #[cfg(test)]
@@ -168,7 +172,7 @@ mod tests {
 
     #[test]
     fn a_budget_with_room_is_consumed() {
-        let Verdict::Consume { budget, status } = decide(&pod("Running", true), &[pdb("web", 1, 3, 2)], NOW, false)
+        let Verdict::Consume { budget, status, .. } = decide(&pod("Running", true), &[pdb("web", 1, 3, 2)], NOW, false)
         else {
             panic!("not consumed")
         };

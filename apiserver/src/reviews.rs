@@ -49,25 +49,30 @@ pub const KINDS: &[Kind] = &[
     Kind::TokenReview,
 ];
 
+/// (group, kind, plural) as k8s-openapi knows the type.
+fn names<T: k8s_openapi::Resource>() -> (&'static str, &'static str, &'static str) {
+    (T::GROUP, T::KIND, T::URL_PATH_SEGMENT)
+}
+
 impl Kind {
-    pub fn group(self) -> &'static str {
+    fn names(self) -> (&'static str, &'static str, &'static str) {
         match self {
-            Kind::SelfSubjectReview | Kind::TokenReview => AUTHENTICATION,
-            _ => AUTHORIZATION,
+            Kind::SelfSubjectAccessReview => names::<authz::SelfSubjectAccessReview>(),
+            Kind::SubjectAccessReview => names::<authz::SubjectAccessReview>(),
+            Kind::LocalSubjectAccessReview => names::<authz::LocalSubjectAccessReview>(),
+            Kind::SelfSubjectRulesReview => names::<authz::SelfSubjectRulesReview>(),
+            Kind::SelfSubjectReview => names::<authn::SelfSubjectReview>(),
+            Kind::TokenReview => names::<authn::TokenReview>(),
         }
+    }
+    pub fn group(self) -> &'static str {
+        self.names().0
     }
     pub fn name(self) -> &'static str {
-        match self {
-            Kind::SelfSubjectAccessReview => "SelfSubjectAccessReview",
-            Kind::SubjectAccessReview => "SubjectAccessReview",
-            Kind::LocalSubjectAccessReview => "LocalSubjectAccessReview",
-            Kind::SelfSubjectRulesReview => "SelfSubjectRulesReview",
-            Kind::SelfSubjectReview => "SelfSubjectReview",
-            Kind::TokenReview => "TokenReview",
-        }
+        self.names().1
     }
-    pub fn plural(self) -> String {
-        format!("{}s", self.name().to_ascii_lowercase())
+    pub fn plural(self) -> &'static str {
+        self.names().2
     }
     pub fn namespaced(self) -> bool {
         self == Kind::LocalSubjectAccessReview

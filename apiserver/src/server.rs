@@ -311,6 +311,16 @@ async fn route(
     }
 }
 
+/// Which part of the stored object a PUT/PATCH of `sub` may change.
+fn update_kind(sub: Option<Sub>) -> UpdateKind {
+    match sub {
+        Some(Sub::Status) => UpdateKind::Status,
+        Some(Sub::Finalize) => UpdateKind::Finalize,
+        Some(Sub::EphemeralContainers) => UpdateKind::EphemeralContainers,
+        _ => UpdateKind::Main,
+    }
+}
+
 /// Before an eviction deletes a pod: consume its PodDisruptionBudget, or refuse (see
 /// [`crate::eviction`]). The budget's status is written with its resourceVersion as the
 /// precondition, so two evictions never spend the same disruption; a lost race decides again.
@@ -330,16 +340,11 @@ async fn check_disruption_budgets(
         let list = reg.list(pdbs, Some(ns), &ListOptions::default()).await?;
         let items = list.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
         let now = crate::registry::generic::now_rfc3339();
-        let (budget, status) = match decide(&pod, &items, &now, dry_run) {
+        let (budget, read, status) = match decide(&pod, &items, &now, dry_run) {
             Verdict::Delete => return Ok(()),
             Verdict::Refuse(e) => return Err(e),
-            Verdict::Consume { budget, status } => (budget, status),
+            Verdict::Consume { budget, resource_version, status } => (budget, resource_version.parse().ok(), status),
         };
-        let read = items
-            .iter()
-            .find(|p| p.pointer("/metadata/name").and_then(Value::as_str) == Some(budget.as_str()))
-            .and_then(|p| p.pointer("/metadata/resourceVersion").and_then(Value::as_str))
-            .and_then(|rv| rv.parse().ok());
         let outcome = reg
             .guaranteed_update(pdbs, ns, &budget, UpdateKind::Status, &WriteOptions::default(), |current| {
                 let Some(current) = current else { return Ok(None) };
@@ -608,13 +613,7 @@ async fn resource_request(
             let bytes = read_body(headers, body).await?;
             let obj = decode_object(headers, &bytes)?;
             let opts = write_options(query)?;
-            let kind = match sub {
-                Some(Sub::Status) => UpdateKind::Status,
-                Some(Sub::Finalize) => UpdateKind::Finalize,
-                Some(Sub::EphemeralContainers) => UpdateKind::EphemeralContainers,
-                _ => UpdateKind::Main,
-            };
-            let (out, created) = reg.update(res, &ns, &name, obj, kind, &opts).await?;
+            let (out, created) = reg.update(res, &ns, &name, obj, update_kind(sub), &opts).await?;
             let code = if created { StatusCode::CREATED } else { StatusCode::OK };
             Ok(respond_object(code, res, out.object, table, query, &out.warnings))
         }
@@ -641,12 +640,7 @@ async fn resource_request(
                 let code = if created { StatusCode::CREATED } else { StatusCode::OK };
                 return Ok(respond_object(code, res, out.object, table, query, &out.warnings));
             }
-            let kind = match sub {
-                Some(Sub::Status) => UpdateKind::Status,
-                Some(Sub::EphemeralContainers) => UpdateKind::EphemeralContainers,
-                _ => UpdateKind::Main,
-            };
-            let out = reg.patch(res, &ns, &name, ptype, &bytes, kind, &opts).await?;
+            let out = reg.patch(res, &ns, &name, ptype, &bytes, update_kind(sub), &opts).await?;
             Ok(respond_object(StatusCode::OK, res, out.object, table, query, &out.warnings))
         }
         ("delete", None) => {

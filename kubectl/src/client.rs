@@ -136,12 +136,17 @@ impl Ctx {
         let mut attempt = 0;
         loop {
             let req = self.request(method.clone(), path, accept, body.as_ref().map(|(ct, b)| (*ct, b.clone())))?;
-            match self.client.request_text(req).await {
-                Err(kube::Error::Api(s)) if attempt < MAX_RETRIES && retry_after(&s).is_some() => {
+            let result = self.client.request_text(req).await;
+            let wait = match &result {
+                Err(kube::Error::Api(s)) if attempt < MAX_RETRIES => retry_after(s),
+                _ => None,
+            };
+            match wait {
+                Some(d) => {
                     attempt += 1;
-                    tokio::time::sleep(retry_after(&s).unwrap_or_default()).await;
+                    tokio::time::sleep(d).await;
                 }
-                other => return other.map_err(|e| from_kube(e, &self.server)),
+                None => return result.map_err(|e| from_kube(e, &self.server)),
             }
         }
     }

@@ -906,14 +906,7 @@ impl Registry {
                     new = old.clone();
                     set_at(&mut new, "/spec/finalizers", fins);
                 }
-                UpdateKind::EphemeralContainers => {
-                    let mut ephemeral = new.pointer("/spec/ephemeralContainers").cloned().unwrap_or(json!([]));
-                    if let Some(cs) = ephemeral.as_array_mut() {
-                        cs.iter_mut().for_each(crate::registry::pod::default_ephemeral_container);
-                    }
-                    new = old.clone();
-                    set_at(&mut new, "/spec/ephemeralContainers", ephemeral);
-                }
+                UpdateKind::EphemeralContainers => new = crate::registry::pod::with_ephemeral_containers(&old, &new),
                 UpdateKind::Internal => {}
             }
             // Server-owned metadata comes from the stored object.
@@ -1361,6 +1354,33 @@ impl Registry {
     }
 }
 
+/// Check a body's `kind` and `apiVersion` against the URL's, filling in the missing ones.
+pub fn fill_type_meta(map: &mut serde_json::Map<String, Value>, kind: &str, api_version: &str) -> ApiResult<()> {
+    match map.get("kind").and_then(Value::as_str) {
+        None | Some("") => {
+            map.insert("kind".into(), kind.into());
+        }
+        Some(k) if k != kind => {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the body ({k}) does not match the kind of the resource at this URL ({kind})"
+            )))
+        }
+        _ => {}
+    }
+    match map.get("apiVersion").and_then(Value::as_str) {
+        None | Some("") => {
+            map.insert("apiVersion".into(), api_version.into());
+        }
+        Some(v) if v != api_version => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({v}) does not match the expected API version ({api_version})"
+            )))
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1424,31 +1444,4 @@ mod tests {
             encode(&json!({"kind": "X", "metadata": {"resourceVersion": "5", "selfLink": "/x"}, "spec": {"a": [1]}}));
         assert_eq!(&b[..], br#"{"kind":"X","metadata":{},"spec":{"a":[1]}}"#);
     }
-}
-
-/// Check a body's `kind` and `apiVersion` against the URL's, filling in the missing ones.
-pub fn fill_type_meta(map: &mut serde_json::Map<String, Value>, kind: &str, api_version: &str) -> ApiResult<()> {
-    match map.get("kind").and_then(Value::as_str) {
-        None | Some("") => {
-            map.insert("kind".into(), kind.into());
-        }
-        Some(k) if k != kind => {
-            return Err(ApiError::bad_request(format!(
-                "the kind in the body ({k}) does not match the kind of the resource at this URL ({kind})"
-            )))
-        }
-        _ => {}
-    }
-    match map.get("apiVersion").and_then(Value::as_str) {
-        None | Some("") => {
-            map.insert("apiVersion".into(), api_version.into());
-        }
-        Some(v) if v != api_version => {
-            return Err(ApiError::bad_request(format!(
-                "the API version in the data ({v}) does not match the expected API version ({api_version})"
-            )))
-        }
-        _ => {}
-    }
-    Ok(())
 }

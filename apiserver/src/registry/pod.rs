@@ -42,9 +42,16 @@ pub fn default_pod_spec(spec: &mut Value) {
     }
 }
 
-/// The defaults of an ephemeral container added through its subresource.
-pub fn default_ephemeral_container(c: &mut Value) {
-    default_container(c);
+/// The object a PUT/PATCH of `pods/<name>/ephemeralcontainers` stores: the stored pod with
+/// the request's ephemeral containers, defaulted.
+pub fn with_ephemeral_containers(old: &Value, new: &Value) -> Value {
+    let mut ephemeral = new.pointer("/spec/ephemeralContainers").cloned().unwrap_or(json!([]));
+    if let Some(cs) = ephemeral.as_array_mut() {
+        cs.iter_mut().for_each(default_container);
+    }
+    let mut out = old.clone();
+    super::set_at(&mut out, "/spec/ephemeralContainers", ephemeral);
+    out
 }
 
 fn default_container(c: &mut Value) {

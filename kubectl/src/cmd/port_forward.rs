@@ -282,7 +282,9 @@ async fn forward_connection(
             None => std::future::pending().await,
         }
     };
-    let mut err = std::pin::pin!(err);
+    // Fused: the select below may see the error channel end without a message (the branch
+    // is then disabled), and the later wait must not poll the finished future again.
+    let mut err = std::pin::pin!(futures::FutureExt::fuse(err));
     let copied = tokio::select! {
         r = copy => r,
         Some(msg) = &mut err => return Err(KubectlError::msg(msg)),
@@ -290,8 +292,10 @@ async fn forward_connection(
     drop(upstream);
     // The kubelet closes the data stream right after writing the error (a refused port), so
     // the copy can finish first: the error, if one comes, is what the user needs to see.
-    if let Ok(Some(msg)) = tokio::time::timeout(std::time::Duration::from_secs(1), &mut err).await {
-        return Err(KubectlError::msg(msg));
+    if !futures::future::FusedFuture::is_terminated(&err) {
+        if let Ok(Some(msg)) = tokio::time::timeout(std::time::Duration::from_secs(1), &mut err).await {
+            return Err(KubectlError::msg(msg));
+        }
     }
     copied.map_err(|e| KubectlError::msg(e.to_string()))?;
     let _ = pf.join().await;

@@ -1,7 +1,13 @@
 //! Keeps the served custom resources in step with the stored CustomResourceDefinitions: a
 //! loop that lists CRDs a few times a second (so every apiserver over a shared etcd
-//! converges), swaps the set of custom resources, and deletes the objects of CRDs that went
-//! away.
+//! converges) and swaps the set of custom resources.
+//!
+//! It is also Kubernetes' CRD finalizer: deleting a CRD marks it (`Terminating`, finalizer
+//! `customresourcecleanup.apiextensions.k8s.io`); while it is marked its objects stay
+//! served — reads, updates, deletes, but no creates — and are deleted through the normal
+//! delete path, so their own finalizers run and watchers (the garbage collector) see each
+//! deletion. Once none is left the finalizer goes and the CRD with it. A CRD that vanished
+//! without the finalizer (stored by an older version) has its objects removed directly.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,7 +15,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::registry::generic::{prefix_of, ListOptions, Registry};
+use crate::registry::crd::{set_condition, CLEANUP_FINALIZER};
+use crate::registry::generic::{prefix_of, DeleteOptions, Intent, ListOptions, Registry, UpdateKind, WriteOptions};
 use crate::resources::{self, ResourceDef};
 
 /// How often the CRDs are re-read.
@@ -47,9 +54,7 @@ pub async fn sync_once(registry: &Registry, served: &mut Served) -> Result<(), c
         if served.get(&uid).is_some_and(|(r, _)| *r == rv) {
             continue;
         }
-        let terminating = crd.pointer("/metadata/deletionTimestamp").is_some();
-        let defs = if terminating { vec![] } else { crate::registry::crd::resource_defs(crd) };
-        served.insert(uid, (rv, defs));
+        served.insert(uid, (rv, crate::registry::crd::resource_defs(crd)));
         changed = true;
     }
     let gone: Vec<String> = served.keys().filter(|u| !seen.contains(u)).cloned().collect();
@@ -67,6 +72,73 @@ pub async fn sync_once(registry: &Registry, served: &mut Served) -> Result<(), c
         all.sort_by_key(|d| (d.group, d.plural, d.version));
         resources::set_custom(all);
         tracing::info!(crds = served.len(), "custom resources updated");
+    }
+    // Clean-up of marked CRDs, once the served set says they are terminating.
+    for crd in &items {
+        let uid = crd.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default();
+        if let Some((_, defs)) = served.get(uid) {
+            if let Some(res) = defs.first() {
+                finalize(registry, crd_res, crd, res).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One step of a marked CRD's clean-up: delete its remaining objects, or, once none is
+/// left, report it and remove the finalizer (which deletes the CRD).
+async fn finalize(
+    registry: &Registry,
+    crd_res: &ResourceDef,
+    crd: &Value,
+    res: &ResourceDef,
+) -> Result<(), crate::error::ApiError> {
+    let fins = crd.pointer("/metadata/finalizers").and_then(Value::as_array);
+    let marked = crd.pointer("/metadata/deletionTimestamp").is_some();
+    if !marked || !fins.is_some_and(|f| f.iter().any(|x| x == CLEANUP_FINALIZER)) {
+        return Ok(());
+    }
+    let name = crd.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let list = registry.list(res, None, &ListOptions::default()).await?;
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    for o in items.iter().filter(|o| o.pointer("/metadata/deletionTimestamp").is_none()) {
+        let ns = o.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+        let n = o.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        match registry.delete(res, ns, n, &DeleteOptions::default()).await {
+            Ok(_) => {}
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let done = items.is_empty();
+    let (reason, message) = if done {
+        ("InstanceDeletionCompleted", "removed all instances")
+    } else {
+        ("InstanceDeletionInProgress", "CustomResource deletion is in progress")
+    };
+    let outcome = registry
+        .guaranteed_update(crd_res, "", name, UpdateKind::Internal, &WriteOptions::default(), |cur| {
+            let Some(cur) = cur else { return Ok(None) };
+            let mut next = cur.clone();
+            if next.pointer("/metadata/uid") != crd.pointer("/metadata/uid") {
+                return Ok(None);
+            }
+            set_condition(&mut next, "Terminating", if done { "False" } else { "True" }, reason, message);
+            if done {
+                if let Some(f) = next.pointer_mut("/metadata/finalizers").and_then(Value::as_array_mut) {
+                    f.retain(|x| x != CLEANUP_FINALIZER);
+                }
+            }
+            Ok(Some(Intent { object: next, precondition: None }))
+        })
+        .await;
+    match outcome {
+        Ok(_) => {}
+        Err(e) if e.code == 404 => {}
+        Err(e) => return Err(e),
+    }
+    if done {
+        tracing::info!(crd = name, "custom resources deleted; CRD finalized");
     }
     Ok(())
 }

@@ -43,6 +43,9 @@ pub struct CustomInfo {
     pub printer_columns: Vec<(String, String, String, i64)>,
     /// The version's openAPIV3Schema.
     pub schema: Value,
+    /// The CRD is being deleted: its objects are served for reads, updates and deletes
+    /// while they are removed, but no new ones are created.
+    pub terminating: bool,
 }
 
 /// A subresource of a resource, e.g. `pods/status`.

@@ -34,11 +34,17 @@ impl Recorder {
             resource_version: meta.resource_version.clone(),
             ..Default::default()
         };
-        let ns = meta.namespace.clone().unwrap_or_else(|| "default".into());
+        self.event_on(involved, type_, reason, message);
+    }
+
+    /// Record an event about the object `involved` refers to (any kind).
+    pub fn event_on(&self, involved: ObjectReference, type_: &str, reason: &str, message: String) {
+        let name = involved.name.clone().unwrap_or_else(|| "object".into());
+        let ns = involved.namespace.clone().unwrap_or_else(|| "default".into());
         let now = Timestamp::now();
         let ev = Event {
             metadata: ObjectMeta {
-                name: Some(format!("{}.{:x}", meta.name.as_deref().unwrap_or("object"), now.as_nanosecond())),
+                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
                 namespace: Some(ns.clone()),
                 ..Default::default()
             },

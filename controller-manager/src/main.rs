@@ -8,6 +8,7 @@
 
 mod cronjob;
 mod deployment;
+mod discovery;
 mod disruption;
 mod endpoints;
 mod events;
@@ -214,7 +215,8 @@ async fn main() -> anyhow::Result<()> {
                 tasks.spawn(endpoints::run_endpoints(client.clone(), pods.clone()));
             }
             "garbagecollector" => {
-                tasks.spawn(garbagecollector::run(client.clone()));
+                let catalog = discovery::spawn(client.clone()).await;
+                tasks.spawn(garbagecollector::run(client.clone(), catalog, recorder("garbage-collector-controller")));
             }
             "namespace" => {
                 tasks.spawn(namespace::run(client.clone()));

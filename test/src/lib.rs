@@ -189,6 +189,17 @@ impl ApiServer {
         Ok(kube::Client::try_from(config)?)
     }
 
+    /// A kubeconfig file for this server (no credentials), for clients that read one.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<()> {
+        let kc = format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: minik8s, cluster: {{server: \"{}\"}}}}]\n\
+             contexts: [{{name: minik8s, context: {{cluster: minik8s, user: user}}}}]\n\
+             users: [{{name: user, user: {{}}}}]\ncurrent-context: minik8s\n",
+            self.url()
+        );
+        std::fs::write(path, kc).with_context(|| format!("writing {}", path.display()))
+    }
+
     /// Run the official kubectl against this server. Returns (exit ok, stdout, stderr).
     pub fn kubectl(&self, args: &[&str]) -> Result<KubectlOutput> {
         self.kubectl_bin(&kubectl_bin(), args)
@@ -274,6 +285,37 @@ pub fn debian_kubectl() -> Option<PathBuf> {
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("Debian's kubectl 1.20 ({}) is missing: run scripts/test, which unpacks it", path.display());
     }
+    None
+}
+
+/// `${XDG_CACHE_HOME:-~/.cache}/minik8s`, where scripts/test keeps what it fetches.
+pub fn cache_dir() -> PathBuf {
+    let cache = std::env::var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache"));
+    cache.join("minik8s")
+}
+
+/// A Python interpreter with the third-party client libraries the tests drive (the
+/// `kubernetes` client, the kopf operator framework; `test/requirements.txt`), from the
+/// virtual environment scripts/test makes (`MINIK8S_PYTHON` overrides). `None` when
+/// missing; under `CI=true` that is a failure.
+pub fn python_clients() -> Option<PathBuf> {
+    let path =
+        std::env::var("MINIK8S_PYTHON").map(PathBuf::from).unwrap_or_else(|_| cache_dir().join("venv/bin/python"));
+    let ok = Command::new(&path)
+        .args(["-c", "import kopf, kubernetes"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(path);
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{} with kopf and kubernetes is missing: run scripts/test, which installs them", path.display());
+    }
+    eprintln!("skipping: {} with kopf and kubernetes is missing (scripts/test installs them)", path.display());
     None
 }
 

@@ -9,6 +9,31 @@ use super::{ScaleInfo, Strategy};
 use crate::error::FieldError;
 use crate::resources::{CustomInfo, ResourceDef, Sub};
 
+/// The finalizer a CRD carries while its custom resources are deleted.
+pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+
+/// Set (or replace) a status condition of a CRD, keeping its transition time when the
+/// status does not change.
+pub fn set_condition(crd: &mut Value, type_: &str, status: &str, reason: &str, message: &str) {
+    let now = super::generic::now_rfc3339();
+    if !crd.get("status").is_some_and(Value::is_object) {
+        crd["status"] = json!({});
+    }
+    let conds = &mut crd["status"]["conditions"];
+    if !conds.is_array() {
+        *conds = json!([]);
+    }
+    let Some(list) = conds.as_array_mut() else { return };
+    let new = |since: Value| json!({"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": since});
+    match list.iter_mut().find(|c| c["type"] == type_) {
+        Some(c) => {
+            let since = if c["status"] == status { c["lastTransitionTime"].clone() } else { json!(now) };
+            *c = new(since);
+        }
+        None => list.push(new(json!(now))),
+    }
+}
+
 /// The CustomResourceDefinition kind.
 pub struct CrdStrategy;
 
@@ -35,6 +60,18 @@ impl Strategy for CrdStrategy {
                 {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now},
             ],
         });
+    }
+    fn deletion_finalizers(&self) -> &'static [&'static str] {
+        &[CLEANUP_FINALIZER]
+    }
+    fn on_deletion_marked(&self, obj: &mut Value) {
+        set_condition(
+            obj,
+            "Terminating",
+            "True",
+            "InstanceDeletionPending",
+            "CustomResourceDefinition marked for deletion; CustomResource deletion will begin soon",
+        );
     }
     fn prepare_for_update(&self, new: &mut Value, old: &Value) {
         if let Some(names) = new.pointer("/spec/names").cloned() {
@@ -341,6 +378,7 @@ pub fn resource_defs(crd: &Value) -> Vec<&'static ResourceDef> {
     let namespaced = s("/spec/scope") != "Cluster";
     let (plural, kind, singular) = (leak(plural), leak(kind), leak(singular));
     let storage = leak(format!("{group}/{plural}"));
+    let terminating = crd.pointer("/metadata/deletionTimestamp").is_some();
     let mut out = Vec::new();
     for v in crd.pointer("/spec/versions").and_then(Value::as_array).into_iter().flatten() {
         if v.get("served").and_then(Value::as_bool) == Some(false) {
@@ -370,7 +408,8 @@ pub fn resource_defs(crd: &Value) -> Vec<&'static ResourceDef> {
             })
             .collect();
         let strategy: &'static CustomStrategy = Box::leak(Box::new(CustomStrategy { schema: schema.clone(), scale }));
-        let custom: &'static CustomInfo = Box::leak(Box::new(CustomInfo { printer_columns: columns, schema }));
+        let custom: &'static CustomInfo =
+            Box::leak(Box::new(CustomInfo { printer_columns: columns, schema, terminating }));
         out.push(&*Box::leak(Box::new(ResourceDef {
             group,
             version: leak(version.to_string()),
@@ -418,6 +457,32 @@ mod tests {
         assert!(d.namespaced && d.has_status() && d.has_sub("scale").is_some());
         assert_eq!(d.short_names, &["ct"]);
         assert!(CRD.validate(&crd()).is_empty());
+    }
+
+    #[test]
+    fn a_deleted_crd_is_marked_terminating_and_serves_no_creates() {
+        let mut c = crd();
+        CRD.prepare_for_create(&mut c);
+        assert_eq!(CRD.deletion_finalizers(), &[CLEANUP_FINALIZER]);
+        CRD.on_deletion_marked(&mut c);
+        let cond = |c: &Value, t: &str| {
+            c["status"]["conditions"].as_array().unwrap().iter().find(|x| x["type"] == t).cloned().unwrap()
+        };
+        assert_eq!(cond(&c, "Terminating")["reason"], "InstanceDeletionPending");
+        let since = cond(&c, "Terminating")["lastTransitionTime"].clone();
+        set_condition(
+            &mut c,
+            "Terminating",
+            "True",
+            "InstanceDeletionInProgress",
+            "CustomResource deletion is in progress",
+        );
+        assert_eq!(cond(&c, "Terminating")["reason"], "InstanceDeletionInProgress");
+        assert_eq!(cond(&c, "Terminating")["lastTransitionTime"], since, "same status, same transition time");
+        assert_eq!(cond(&c, "Established")["status"], "True", "other conditions kept");
+        assert!(!resource_defs(&c)[0].custom.unwrap().terminating);
+        c["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert!(resource_defs(&c)[0].custom.unwrap().terminating);
     }
 
     #[test]

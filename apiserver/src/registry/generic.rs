@@ -684,6 +684,11 @@ impl Registry {
     // ------------------------------------------------------------------ create
 
     pub async fn create(&self, res: &ResourceDef, ns: &str, body: Value, opts: &WriteOptions) -> ApiResult<Outcome> {
+        if res.custom.is_some_and(|c| c.terminating) {
+            return Err(ApiError::method_not_allowed(
+                "create not allowed while custom resource definition is terminating",
+            ));
+        }
         let (mut obj, warnings) = self.decode_body(res, Some(ns), body, opts.field_validation)?;
         let strategy = res.strategy;
         let name_given = !meta_str(&obj, "name").is_empty();
@@ -1138,6 +1143,11 @@ impl Registry {
                         ))
                     }
                     None => {}
+                }
+                for f in strategy.deletion_finalizers() {
+                    if !fins.iter().any(|x| x == f) {
+                        fins.push(f.to_string());
+                    }
                 }
             }
             let grace = strategy.graceful_delete_seconds(&obj, opts.grace_period_seconds).unwrap_or(0);

@@ -68,6 +68,12 @@ pub trait Strategy: Send + Sync + 'static {
     fn deletion_blocked(&self, _obj: &Value) -> bool {
         false
     }
+    /// Finalizers the kind itself adds when an object's deletion begins, so that its
+    /// clean-up runs before the object goes (CustomResourceDefinition:
+    /// `customresourcecleanup.apiextensions.k8s.io`, its custom resources deleted first).
+    fn deletion_finalizers(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// Called when the object is marked for deletion (deletionTimestamp set).
     fn on_deletion_marked(&self, _obj: &mut Value) {}
     /// Service IP / node port allocation applies to this kind.

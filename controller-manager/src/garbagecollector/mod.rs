@@ -1,206 +1,172 @@
-//! The garbage collector (`pkg/controller/garbagecollector`): watches every served
-//! resource that can be listed, watched and deleted (found through discovery), keeps
-//! the ownerReferences graph, and
-//! - deletes dependents whose owners are all gone (background cascading deletion; an
-//!   owner's absence is confirmed with a live GET first, as Kubernetes does);
+//! The garbage collector (`pkg/controller/garbagecollector`). It watches every served
+//! resource that can be listed, watched, deleted and patched ([`monitors`], following
+//! the discovery catalog as CRDs come and go), keeps the ownerReferences graph, and
+//! - deletes dependents whose owners are all **verified** absent (background cascading
+//!   deletion) — see [`graph`] for the rule that keeps data safe;
 //! - for an owner being deleted with the `foregroundDeletion` finalizer, deletes its
 //!   dependents and removes the finalizer once no dependent with
 //!   `blockOwnerDeletion: true` remains;
 //! - for an owner being deleted with the `orphan` finalizer, removes the owner's
 //!   reference from every dependent, then the finalizer;
-//! - drops references to gone owners from dependents that still have live owners.
+//! - drops references to verified-absent owners from dependents that still have live
+//!   owners.
 //!
 //! The apiserver sets those finalizers from `DeleteOptions.propagationPolicy` (what
-//! `kubectl delete --cascade=foreground|orphan` sends). [`plan`] is the decision over a
-//! snapshot of the graph (pure); [`run`] watches and applies it.
+//! `kubectl delete --cascade=foreground|orphan` sends). This module is the I/O shell: it
+//! reads the owners the graph does not hold ([`read_owner`]), applies the plan, and
+//! reports invalid references as `OwnerRefInvalidNamespace` warning events.
+
+pub mod graph;
+pub mod monitors;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy};
-use kube::discovery::{verbs, ApiResource, Discovery, Scope};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::json;
+use tokio::sync::{watch, Notify};
 
-/// One object in the graph.
-#[derive(Debug, Clone)]
-pub struct Node {
-    /// Index of its resource (into the caller's table).
-    pub resource: usize,
-    pub namespace: Option<String>,
-    pub name: String,
-    pub uid: String,
-    pub resource_version: Option<String>,
-    pub owners: Vec<OwnerReference>,
-    pub deleting: bool,
-    pub finalizers: Vec<String>,
+use crate::discovery::Catalog;
+use crate::events::{Recorder, WARNING};
+use graph::{GcAction, Graph, Node, OwnerKey, OwnerState};
+use monitors::{DeletedUids, Monitors};
+
+/// How long a live read that found an owner present is trusted (the owner's monitor
+/// normally holds it long before).
+const PRESENT_TTL: Duration = Duration::from_secs(30);
+
+/// Owner references the last pass could not resolve (kind not served, or a read that
+/// failed): their dependents wait. Exposed on `/metrics`.
+fn unresolved_gauge() -> Option<&'static prometheus::IntGauge> {
+    static G: OnceLock<Option<prometheus::IntGauge>> = OnceLock::new();
+    G.get_or_init(|| {
+        let g = prometheus::IntGauge::new(
+            "garbagecollector_unresolved_owner_references",
+            "Owner references the garbage collector could not resolve in its last pass; their dependents are kept",
+        )
+        .ok()?;
+        prometheus::register(Box::new(g.clone())).ok()?;
+        Some(g)
+    })
+    .as_ref()
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum GcAction {
-    /// Delete `uid` (resource, namespace, name) with a propagation policy; when
-    /// `confirm_absent` is non-empty, only after a live read confirms those owners are gone.
-    Delete { node: usize, policy: &'static str, confirm_absent: Vec<OwnerReference> },
-    /// Remove the references to these owner uids from the node.
-    RemoveOwnerRefs { node: usize, owner_uids: Vec<String> },
-    /// Remove a finalizer from the node.
-    RemoveFinalizer { node: usize, finalizer: &'static str },
+/// What a live read of an owner answered, as a verdict. Only a 404 that names the object
+/// is an absence: a 404 without a name means the path is not served (the kind went away
+/// between discovery and the read), which says nothing about the owner.
+pub fn verdict(key: &OwnerKey, read: Result<&DynamicObject, &kube::Error>) -> OwnerState {
+    match read {
+        Ok(o) if o.metadata.uid.as_deref() == Some(key.uid.as_str()) => OwnerState::Present,
+        Ok(_) => OwnerState::Absent,
+        Err(kube::Error::Api(s))
+            if s.code == 404 && s.details.as_ref().is_some_and(|d| !d.name.is_empty() && d.name == key.name) =>
+        {
+            OwnerState::Absent
+        }
+        Err(_) => OwnerState::Unknown,
+    }
 }
 
-pub const FOREGROUND: &str = "foregroundDeletion";
-pub const ORPHAN: &str = "orphan";
+/// What the collector remembers between passes.
+#[derive(Default)]
+struct Memory {
+    /// Verified absences (never change: uids are not reused).
+    absent: HashSet<OwnerKey>,
+    /// Recent reads that found the owner.
+    present: HashMap<OwnerKey, Instant>,
+    /// Unresolvable references already logged, and invalid ones already reported.
+    logged: HashSet<OwnerKey>,
+    reported: HashSet<(String, String)>,
+}
 
-/// The decision over a snapshot of all objects.
-pub fn plan(nodes: &[Node]) -> Vec<GcAction> {
-    let by_uid: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.uid.as_str(), i)).collect();
-    let mut dependents: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, n) in nodes.iter().enumerate() {
-        for o in &n.owners {
-            dependents.entry(o.uid.as_str()).or_default().push(i);
-        }
+/// Read an owner the graph does not hold: resolve its kind through the catalog, then GET
+/// it by name where the dependent may reference it.
+async fn read_owner(client: &kube::Client, catalog: &Catalog, key: &OwnerKey) -> Result<OwnerState, String> {
+    let Some(served) = catalog.resolve(&key.api_version, &key.kind) else {
+        return Err(format!("kind {} of apiVersion {} is not served", key.kind, key.api_version));
+    };
+    let api: Api<DynamicObject> = match (served.namespaced(), key.namespace.as_deref()) {
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &served.ar),
+        (true, None) => return Err("a cluster-scoped object cannot be owned by a namespaced object".into()),
+        (false, _) => Api::all_with(client.clone(), &served.ar),
+    };
+    let read = api.get(&key.name).await;
+    match verdict(key, read.as_ref()) {
+        OwnerState::Unknown => Err(match read {
+            Err(e) => e.to_string(),
+            Ok(_) => "unexpected answer".into(),
+        }),
+        v => Ok(v),
     }
-    let mut actions = Vec::new();
-    let mut deleting_now: HashSet<usize> = HashSet::new();
-    let has_fin = |n: &Node, f: &str| n.finalizers.iter().any(|x| x == f);
+}
 
-    // Owners being deleted.
-    for (i, n) in nodes.iter().enumerate() {
-        if !n.deleting {
-            continue;
-        }
-        let deps = dependents.get(n.uid.as_str()).cloned().unwrap_or_default();
-        if has_fin(n, ORPHAN) {
-            for &d in &deps {
-                actions.push(GcAction::RemoveOwnerRefs { node: d, owner_uids: vec![n.uid.clone()] });
-            }
-            actions.push(GcAction::RemoveFinalizer { node: i, finalizer: ORPHAN });
-        } else if has_fin(n, FOREGROUND) {
-            let mut blocking = 0;
-            for &d in &deps {
-                let dep = &nodes[d];
-                let blocks = dep.owners.iter().any(|o| o.uid == n.uid && o.block_owner_deletion == Some(true));
-                if blocks {
-                    blocking += 1;
-                }
-                if !dep.deleting && deleting_now.insert(d) {
-                    let policy = if dependents.get(dep.uid.as_str()).is_some_and(|v| !v.is_empty()) {
-                        "Foreground"
-                    } else {
-                        "Background"
-                    };
-                    actions.push(GcAction::Delete { node: d, policy, confirm_absent: Vec::new() });
-                }
-            }
-            if blocking == 0 {
-                actions.push(GcAction::RemoveFinalizer { node: i, finalizer: FOREGROUND });
-            }
-        }
-    }
-
-    // Dependents with gone owners.
-    for (i, n) in nodes.iter().enumerate() {
-        if n.owners.is_empty() || n.deleting || deleting_now.contains(&i) {
-            continue;
-        }
-        let mut solid = Vec::new();
-        let mut dangling = Vec::new();
-        let mut waiting = Vec::new();
-        for o in &n.owners {
-            match by_uid.get(o.uid.as_str()).map(|&j| &nodes[j]) {
-                None => dangling.push(o.clone()),
-                Some(owner) if owner.deleting && has_fin(owner, FOREGROUND) => waiting.push(o.clone()),
-                Some(_) => solid.push(o.clone()),
-            }
-        }
-        if !solid.is_empty() {
-            if !dangling.is_empty() {
-                actions.push(GcAction::RemoveOwnerRefs {
-                    node: i,
-                    owner_uids: dangling.iter().map(|o| o.uid.clone()).collect(),
-                });
-            }
-            continue;
-        }
-        if !waiting.is_empty() {
-            // Handled by the owner's foreground pass above.
-            continue;
-        }
-        let policy = if has_fin(n, ORPHAN) {
-            "Orphan"
-        } else if has_fin(n, FOREGROUND) {
-            "Foreground"
+/// Verdicts on every owner the plan needs.
+async fn resolve(
+    client: &kube::Client,
+    catalog: &Catalog,
+    deleted: &std::sync::Mutex<DeletedUids>,
+    memory: &mut Memory,
+    keys: Vec<OwnerKey>,
+) -> HashMap<OwnerKey, OwnerState> {
+    let mut states = HashMap::new();
+    let mut unresolved = 0;
+    let now = Instant::now();
+    memory.present.retain(|_, t| now.duration_since(*t) < PRESENT_TTL);
+    for key in keys {
+        let seen_deleted = deleted.lock().map(|d| d.contains(&key.uid)).unwrap_or(false);
+        let state = if seen_deleted || memory.absent.contains(&key) {
+            OwnerState::Absent
+        } else if memory.present.contains_key(&key) {
+            OwnerState::Present
         } else {
-            "Background"
+            match read_owner(client, catalog, &key).await {
+                Ok(s) => s,
+                Err(why) => {
+                    unresolved += 1;
+                    if memory.logged.insert(key.clone()) {
+                        tracing::warn!(owner = ?key, reason = %why, "cannot verify an owner; its dependents are kept");
+                    }
+                    OwnerState::Unknown
+                }
+            }
         };
-        actions.push(GcAction::Delete { node: i, policy, confirm_absent: dangling });
-    }
-    actions
-}
-
-struct Monitor {
-    ar: ApiResource,
-    namespaced: bool,
-    store: Store<DynamicObject>,
-}
-
-fn snapshot(monitors: &[Monitor]) -> Vec<Node> {
-    let mut nodes = Vec::new();
-    for (i, m) in monitors.iter().enumerate() {
-        for o in m.store.state() {
-            nodes.push(Node {
-                resource: i,
-                namespace: o.metadata.namespace.clone(),
-                name: o.metadata.name.clone().unwrap_or_default(),
-                uid: o.metadata.uid.clone().unwrap_or_default(),
-                resource_version: o.metadata.resource_version.clone(),
-                owners: o.metadata.owner_references.clone().unwrap_or_default(),
-                deleting: o.metadata.deletion_timestamp.is_some(),
-                finalizers: o.metadata.finalizers.clone().unwrap_or_default(),
-            });
+        match state {
+            OwnerState::Absent => {
+                memory.absent.insert(key.clone());
+            }
+            OwnerState::Present => {
+                memory.present.entry(key.clone()).or_insert(now);
+            }
+            OwnerState::Unknown => {}
         }
+        states.insert(key, state);
     }
-    nodes
+    if let Some(g) = unresolved_gauge() {
+        g.set(unresolved);
+    }
+    states
 }
 
-fn api_for(client: &kube::Client, m: &Monitor, ns: Option<&str>) -> Api<DynamicObject> {
-    match (m.namespaced, ns) {
+fn api_for(client: &kube::Client, monitors: &Monitors, n: &Node) -> Api<DynamicObject> {
+    let m = &monitors.list[n.resource];
+    match (m.namespaced, n.namespace.as_deref()) {
         (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &m.ar),
         _ => Api::all_with(client.clone(), &m.ar),
     }
 }
 
-/// Is the owner really gone (live read: 404, or another object under that name)?
-async fn owner_absent(client: &kube::Client, monitors: &[Monitor], ns: Option<&str>, o: &OwnerReference) -> bool {
-    let Some(m) = monitors.iter().find(|m| m.ar.api_version == o.api_version && m.ar.kind == o.kind) else {
-        // An owner kind nobody serves: it cannot exist.
-        return true;
-    };
-    match api_for(client, m, ns).get_opt(&o.name).await {
-        Ok(None) => true,
-        Ok(Some(obj)) => obj.metadata.uid.as_deref() != Some(&o.uid),
-        Err(_) => false,
-    }
-}
-
 async fn apply(
     client: &kube::Client,
-    monitors: &[Monitor],
+    monitors: &Monitors,
     nodes: &[Node],
     action: &GcAction,
 ) -> Result<(), kube::Error> {
     let pp = PatchParams::default();
     match action {
-        GcAction::Delete { node, policy, confirm_absent } => {
+        GcAction::Delete { node, policy } => {
             let n = &nodes[*node];
-            for o in confirm_absent {
-                if !owner_absent(client, monitors, n.namespace.as_deref(), o).await {
-                    return Ok(());
-                }
-            }
             let dp = DeleteParams {
                 propagation_policy: Some(match *policy {
                     "Foreground" => PropagationPolicy::Foreground,
@@ -210,100 +176,100 @@ async fn apply(
                 preconditions: Some(Preconditions { uid: Some(n.uid.clone()), resource_version: None }),
                 ..Default::default()
             };
-            tracing::info!(kind = %monitors[n.resource].ar.kind, name = %n.name, namespace = ?n.namespace, policy, "garbage collecting");
-            api_for(client, &monitors[n.resource], n.namespace.as_deref()).delete(&n.name, &dp).await.map(|_| ())
+            tracing::info!(kind = %n.kind, name = %n.name, namespace = ?n.namespace, policy, "garbage collecting");
+            api_for(client, monitors, n).delete(&n.name, &dp).await.map(|_| ())
         }
         GcAction::RemoveOwnerRefs { node, owner_uids } => {
             let n = &nodes[*node];
-            let refs: Vec<&OwnerReference> = n.owners.iter().filter(|o| !owner_uids.contains(&o.uid)).collect();
+            let refs: Vec<_> = n.owners.iter().filter(|o| !owner_uids.contains(&o.uid)).collect();
             let patch =
                 json!({"metadata": {"ownerReferences": refs, "resourceVersion": n.resource_version, "uid": n.uid}});
-            api_for(client, &monitors[n.resource], n.namespace.as_deref())
-                .patch(&n.name, &pp, &Patch::Merge(&patch))
-                .await
-                .map(|_| ())
+            tracing::info!(kind = %n.kind, name = %n.name, namespace = ?n.namespace, owners = ?owner_uids, "removing owner references");
+            api_for(client, monitors, n).patch(&n.name, &pp, &Patch::Merge(&patch)).await.map(|_| ())
         }
         GcAction::RemoveFinalizer { node, finalizer } => {
             let n = &nodes[*node];
             let fins: Vec<&String> = n.finalizers.iter().filter(|f| f != finalizer).collect();
             let patch = json!({"metadata": {"finalizers": fins, "resourceVersion": n.resource_version, "uid": n.uid}});
-            api_for(client, &monitors[n.resource], n.namespace.as_deref())
-                .patch(&n.name, &pp, &Patch::Merge(&patch))
-                .await
-                .map(|_| ())
+            api_for(client, monitors, n).patch(&n.name, &pp, &Patch::Merge(&patch)).await.map(|_| ())
         }
     }
 }
 
-/// The resources the collector monitors: everything served that supports list, watch,
-/// delete and patch (except events, which never own anything and are many).
-async fn discover(client: &kube::Client) -> anyhow::Result<Vec<(ApiResource, bool)>> {
-    let discovery = Discovery::new(client.clone()).run().await?;
-    let mut out = Vec::new();
-    for group in discovery.groups() {
-        for (ar, caps) in group.recommended_resources() {
-            let ok =
-                [verbs::LIST, verbs::WATCH, verbs::DELETE, verbs::PATCH].iter().all(|v| caps.supports_operation(v));
-            if ok && ar.plural != "events" && !ar.plural.contains('/') {
-                out.push((ar, caps.scope == Scope::Namespaced));
-            }
+/// Report references Kubernetes calls `OwnerRefInvalidNamespace`, once each.
+fn report_invalid(recorder: &Recorder, memory: &mut Memory, nodes: &[Node], g: &Graph) {
+    for r in g.invalid_refs() {
+        let n = &nodes[r.node];
+        if !memory.reported.insert((n.uid.clone(), r.owner.uid.clone())) {
+            continue;
         }
+        let ns = n.namespace.clone().unwrap_or_default();
+        let message = format!(
+            "ownerRef [{}/{}, namespace: {ns}, name: {}, uid: {}] does not exist in namespace {ns:?}",
+            r.owner.api_version, r.owner.kind, r.owner.name, r.owner.uid
+        );
+        tracing::warn!(kind = %n.kind, name = %n.name, namespace = %ns, %message, "invalid owner reference");
+        let involved = ObjectReference {
+            api_version: Some(n.api_version.clone()),
+            kind: Some(n.kind.clone()),
+            name: Some(n.name.clone()),
+            namespace: n.namespace.clone(),
+            uid: Some(n.uid.clone()),
+            ..Default::default()
+        };
+        recorder.event_on(involved, WARNING, "OwnerRefInvalidNamespace", message);
     }
-    Ok(out)
 }
 
-pub async fn run(client: kube::Client) {
-    let resources = loop {
-        match discover(&client).await {
-            Ok(r) => break r,
-            Err(e) => {
-                tracing::warn!(error = %e, "garbage collector discovery failed; retrying");
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
-        }
-    };
-    let notify = Arc::new(tokio::sync::Notify::new());
-    let mut monitors = Vec::new();
-    for (ar, namespaced) in resources {
-        let writer = reflector::store::Writer::new(ar.clone());
-        let store = writer.as_reader();
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        let n = notify.clone();
-        tokio::spawn(async move {
-            let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
-            stream
-                .for_each(|_| {
-                    n.notify_one();
-                    async {}
-                })
-                .await;
-        });
-        monitors.push(Monitor { ar, namespaced, store });
+/// Run the collector: monitors follow `catalog`; a pass runs after every burst of watch
+/// events, and at least every 10 s.
+pub async fn run(client: kube::Client, mut catalog: watch::Receiver<Arc<Catalog>>, recorder: Recorder) {
+    let notify = Arc::new(Notify::new());
+    let mut monitors = Monitors::new(client.clone(), notify.clone());
+    let mut memory = Memory::default();
+    let mut current = catalog.borrow_and_update().clone();
+    monitors.sync(&current);
+    // The first pass waits for every monitor's first list (at most a minute), so the
+    // graph is whole before anything is decided.
+    let start = Instant::now();
+    while !monitors.all_synced() && start.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for m in &monitors {
-        let _ = m.store.wait_until_ready().await;
-    }
-    tracing::info!(resources = monitors.len(), "garbage collector synced");
+    tracing::info!(resources = monitors.list.len(), "garbage collector synced");
     loop {
-        let _ = tokio::time::timeout(Duration::from_secs(10), notify.notified()).await;
+        tokio::select! {
+            _ = tokio::time::timeout(Duration::from_secs(10), notify.notified()) => {}
+            changed = catalog.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+        let latest = catalog.borrow_and_update().clone();
+        if !Arc::ptr_eq(&latest, &current) {
+            let (started, stopped) = monitors.sync(&latest);
+            tracing::info!(started, stopped, resources = monitors.list.len(), "garbage collector monitors changed");
+            current = latest;
+        }
         // Let a burst of events settle.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let nodes = snapshot(&monitors);
-        let actions = plan(&nodes);
-        let mut results = Vec::new();
+        let nodes = monitors.snapshot();
+        let g = Graph::new(&nodes);
+        report_invalid(&recorder, &mut memory, &nodes, &g);
+        let states = resolve(&client, &current, &monitors.deleted, &mut memory, g.lookups()).await;
+        let actions = g.plan(&states, monitors.all_synced());
+        let mut progressed = false;
         for a in &actions {
-            results.push(apply(&client, &monitors, &nodes, a).await);
-        }
-        for r in results {
+            let r = apply(&client, &monitors, &nodes, a).await;
             crate::metrics::sync("garbagecollector", r.is_ok());
             match r {
-                Ok(()) => {}
+                Ok(()) => progressed = true,
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                 Err(e) => tracing::warn!(error = %e, "garbage collector action failed"),
             }
         }
-        if !actions.is_empty() {
-            // Progress was made; look again soon even without events.
+        if progressed {
+            // Look again soon even without events.
             notify.notify_one();
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -313,78 +279,42 @@ pub async fn run(client: kube::Client) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::core::response::StatusDetails;
+    use kube::core::Status;
 
-    fn node(uid: &str, owners: &[(&str, bool)]) -> Node {
-        Node {
-            resource: 0,
+    fn key() -> OwnerKey {
+        OwnerKey {
             namespace: Some("default".into()),
-            name: uid.into(),
-            uid: uid.into(),
-            resource_version: Some("1".into()),
-            owners: owners
-                .iter()
-                .map(|(o, block)| OwnerReference {
-                    api_version: "apps/v1".into(),
-                    kind: "ReplicaSet".into(),
-                    name: o.to_string(),
-                    uid: o.to_string(),
-                    controller: Some(true),
-                    block_owner_deletion: Some(*block),
-                })
-                .collect(),
-            deleting: false,
-            finalizers: vec![],
+            api_version: "demo.example.com/v1".into(),
+            kind: "Greeting".into(),
+            name: "g2".into(),
+            uid: "u1".into(),
         }
     }
 
+    fn not_found(name: &str) -> kube::Error {
+        kube::Error::Api(
+            Status::failure("not found", "NotFound")
+                .with_code(404)
+                .with_details(serde_json::from_value::<StatusDetails>(json!({"name": name})).expect("details"))
+                .boxed(),
+        )
+    }
+
     #[test]
-    fn dependents_of_gone_owners_are_deleted_in_background() {
-        let nodes = vec![node("pod", &[("rs", true)])];
-        assert_eq!(
-            plan(&nodes),
-            vec![GcAction::Delete { node: 0, policy: "Background", confirm_absent: nodes[0].owners.clone() }]
+    fn only_a_404_naming_the_owner_or_another_uid_is_an_absence() {
+        let mut o = DynamicObject::new(
+            "g2",
+            &kube::discovery::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
         );
-        let with_owner = vec![node("pod", &[("rs", true)]), node("rs", &[])];
-        assert!(plan(&with_owner).is_empty());
-    }
-
-    #[test]
-    fn orphan_finalizer_releases_dependents_then_goes() {
-        let mut rs = node("rs", &[]);
-        rs.deleting = true;
-        rs.finalizers = vec![ORPHAN.into()];
-        let nodes = vec![node("pod", &[("rs", true)]), rs];
-        assert_eq!(
-            plan(&nodes),
-            vec![
-                GcAction::RemoveOwnerRefs { node: 0, owner_uids: vec!["rs".into()] },
-                GcAction::RemoveFinalizer { node: 1, finalizer: ORPHAN }
-            ]
-        );
-    }
-
-    #[test]
-    fn foreground_deletes_dependents_and_waits_for_blocking_ones() {
-        let mut d = node("deploy", &[]);
-        d.deleting = true;
-        d.finalizers = vec![FOREGROUND.into()];
-        let rs = node("rs", &[("deploy", true)]);
-        let pod = node("pod", &[("rs", true)]);
-        let nodes = vec![d.clone(), rs, pod];
-        // The ReplicaSet has dependents: deleted in the foreground too; owner waits.
-        assert_eq!(plan(&nodes), vec![GcAction::Delete { node: 1, policy: "Foreground", confirm_absent: vec![] }]);
-        // Once the blocking dependent is gone the finalizer is removed.
-        assert_eq!(plan(&[d.clone()]), vec![GcAction::RemoveFinalizer { node: 0, finalizer: FOREGROUND }]);
-        // A non-blocking dependent does not hold the owner.
-        let loose = node("cm", &[("deploy", false)]);
-        let acts = plan(&[d, loose]);
-        assert!(acts.contains(&GcAction::RemoveFinalizer { node: 0, finalizer: FOREGROUND }));
-        assert!(acts.contains(&GcAction::Delete { node: 1, policy: "Background", confirm_absent: vec![] }));
-    }
-
-    #[test]
-    fn dangling_refs_are_dropped_when_another_owner_lives() {
-        let nodes = vec![node("pod", &[("gone", false), ("rs", true)]), node("rs", &[])];
-        assert_eq!(plan(&nodes), vec![GcAction::RemoveOwnerRefs { node: 0, owner_uids: vec!["gone".into()] }]);
+        o.metadata.uid = Some("u1".into());
+        assert_eq!(verdict(&key(), Ok(&o)), OwnerState::Present);
+        o.metadata.uid = Some("u2".into());
+        assert_eq!(verdict(&key(), Ok(&o)), OwnerState::Absent, "replaced by another object");
+        assert_eq!(verdict(&key(), Err(&not_found("g2"))), OwnerState::Absent);
+        // The path is not served (a CRD went away): a 404 with empty details.
+        assert_eq!(verdict(&key(), Err(&not_found(""))), OwnerState::Unknown);
+        let unavailable = kube::Error::Api(Status::failure("down", "ServiceUnavailable").with_code(503).boxed());
+        assert_eq!(verdict(&key(), Err(&unavailable)), OwnerState::Unknown);
     }
 }

@@ -1,4 +1,4 @@
-//! The kernel settings Service routing needs (MiniK8s report: `bridge-nf-call-iptables`,
+//! The kernel settings Service routing needs (bridged pod traffic: `bridge-nf-call-iptables`,
 //! `ip_forward`; Kubernetes: `route_localnet` for node ports on localhost), decided by a
 //! pure function and applied by a thin shell that reports what it changed.
 

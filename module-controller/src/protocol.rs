@@ -1,6 +1,6 @@
 //! The Koupleless base ↔ module-controller wire protocol: MQTT topics and the JSON of
-//! every message, exactly as upstream's arklet and module-controller speak them (see
-//! `shared/design/koupleless-protocol.md`). Pure types and parsing; no I/O.
+//! every message, exactly as upstream's arklet and module-controller speak them (summarized
+//! in this crate's README). Pure types and parsing; no I/O.
 //!
 //! Every base→controller MQTT message is an [`Envelope`] `{"publishTimestamp": ms, "data": …}`;
 //! [`open_envelope`] refuses malformed and stale (≥ 10 s old) ones so the tunnel can drop

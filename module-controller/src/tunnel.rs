@@ -1,4 +1,4 @@
-//! The `Tunnel` abstraction of Koupleless' multi-tenant virtual kubelet (seed 000): how the
+//! The `Tunnel` abstraction of Koupleless' multi-tenant virtual kubelet: how the
 //! controller discovers bases and operates modules, independent of the transport. The
 //! controller injects [`TunnelCallbacks`] (node discovered, node status, all container
 //! statuses, start/shutdown responses) and a baseline query; a tunnel calls them when data
@@ -134,7 +134,7 @@ pub struct QueryBaselineRequest {
     pub cluster_name: String,
 }
 
-/// The callbacks the controller injects into a tunnel (seed 000's `RegisterCallback`).
+/// The callbacks the controller injects into a tunnel (Koupleless' `RegisterCallback`).
 /// The first argument is always the base's id (node id).
 pub trait TunnelCallbacks: Send + Sync {
     fn on_node_discovered(&self, node_id: &str, info: NodeInfo);

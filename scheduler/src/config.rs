@@ -3,7 +3,7 @@
 //! concurrency), `leaderElection.leaderElect`, and per profile `schedulerName` with
 //! `plugins.{multiPoint,filter,score}.{enabled,disabled}` (score weights included).
 //!
-//! The MiniK8s report 4.4 policies are always available as the profiles `round-robin`,
+//! The simple placement policies are always available as the profiles `round-robin`,
 //! `random` and `node-affinity-first`; `--profile` (or a config profile named after a
 //! policy) makes `default-scheduler` use one of them.
 

@@ -1,6 +1,7 @@
 //! MiniK8s' kube-scheduler: a filter-and-score scheduler over informer caches, with a
 //! scheduling queue, an assumed-pod cache, concurrent binding through `pods/binding`,
-//! and the MiniK8s report 4.4 policies as extra profiles.
+//! and simple placement policies (round-robin, random, node-affinity-first) as extra
+//! profiles.
 //!
 //! - [`framework`]: the pure scheduling decision and its plugins;
 //! - [`cache`]: the snapshot kept current from the pod and node watches, plus assumed pods;

@@ -319,11 +319,11 @@ pub fn python_clients() -> Option<PathBuf> {
     None
 }
 
-/// The manifests directory (`../shared/manifests` next to the repository).
+/// The test manifests (`test/manifests/`; `MINIK8S_MANIFESTS` overrides).
 pub fn manifests_dir() -> PathBuf {
     std::env::var("MINIK8S_MANIFESTS")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/manifests"))
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests"))
 }
 
 /// A raw HTTP response.

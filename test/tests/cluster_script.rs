@@ -1,5 +1,5 @@
 //! The README's first command: `scripts/cluster up --nodes 2` gives a cluster the official
-//! kubectl can use; a Deployment and a NodePort Service from `../shared/manifests/` run on
+//! kubectl can use; a Deployment and a NodePort Service from `test/manifests/` run on
 //! both nodes and answer through the Service's cluster IP and node port; a second `up` is a
 //! no-op that says so; `status` and `logs` work; `down --purge` leaves no process, container,
 //! node bridge, Service rule or state behind. `up --etcd` does the same over a real etcd

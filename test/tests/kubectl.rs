@@ -1,6 +1,6 @@
 //! Our `kubectl` beside the official one, against the real apiserver: the same commands must
 //! give the same exit codes and the same output (ages and IPs masked where two servers or two
-//! moments are compared). Covers every manifest in `../shared/manifests/`, the everyday
+//! moments are compared). Covers every manifest in `test/manifests/`, the everyday
 //! commands, and one test per bad input.
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 //! The pod-level manifests 07 (PV + PVC), 08 (Job) and 09 (namespace, ConfigMap, Secret)
-//! from `../shared/manifests/`, applied with the official kubectl to a real cluster: the
+//! from `test/manifests/`, applied with the official kubectl to a real cluster: the
 //! apiserver, the scheduler, the controller-manager and a kubelet on the real Docker engine.
 //! Each test reaches the state the manifest's comment describes and checks it the way a
 //! user would (`kubectl wait`, `kubectl logs`, the files on the host).

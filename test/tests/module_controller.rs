@@ -132,7 +132,7 @@ async fn bases_become_vnodes_and_the_module_pod_runs_is_deleted_and_survives_a_b
     let logs = || format!("controller log:\n{}", mc.log_text());
     wait_vnodes_ready(&c, &["b1", "b2", "b3"], &logs).await;
 
-    // Labels and taints of seed 001.
+    // The labels and taints Koupleless gives a base's virtual node.
     let nodes: Api<Node> = Api::all(c.clone());
     let n = nodes.get("vnode.b1.dev").await?;
     let labels = n.metadata.labels.clone().unwrap_or_default();

@@ -1,7 +1,7 @@
 //! Issue 9's scenario end to end, from the host and from inside pods: `scripts/cluster up
 //! --nodes 2` (real kubelets on Docker, kubeproxy with cluster DNS and the nginx Ingress
 //! controller, as the script sets them up), the official kubectl applying
-//! `../shared/manifests/` 03 (Deployment web), 04 (NodePort Service web) and 06 (Ingress
+//! `test/manifests/` 03 (Deployment web), 04 (NodePort Service web) and 06 (Ingress
 //! myservice.com) plus `examples/other.yaml` (the Ingress' second backend), then:
 //! - from the host and from a pod on each node: the cluster IP, the node port, the Service's
 //!   DNS name (and the short name through the pods' search path) all answer;

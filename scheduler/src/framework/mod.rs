@@ -1,7 +1,7 @@
 //! The scheduling framework: one decision for one pod is the pure function
 //! [`schedule`]`(pod, snapshot, profile, state) -> Result<node, FitError>` — pre-filter,
 //! filter (with kube-scheduler's node sampling), score, select — over a [`Snapshot`].
-//! Profiles choose the plugins and weights, or one of the MiniK8s report 4.4 policies.
+//! Profiles choose the plugins and weights, or one of the simple placement policies.
 
 pub mod filters;
 pub mod scores;
@@ -42,11 +42,11 @@ pub const DEFAULT_SCORES: &[(&str, i64)] = &[
 pub enum Algorithm {
     /// kube-scheduler: score and take the best (ties at random).
     FilterScore,
-    /// MiniK8s report 4.4: the feasible nodes in turn, by name.
+    /// The feasible nodes in turn, by name.
     RoundRobin,
-    /// MiniK8s report 4.4: any feasible node.
+    /// Any feasible node.
     Random,
-    /// MiniK8s report 4.4: prefer nodes whose labels match the pod's labels, else random.
+    /// Prefer nodes whose labels match the pod's labels, else random.
     NodeAffinityFirst,
 }
 

@@ -198,7 +198,59 @@ http {{\n\
         let _ = writeln!(out, "    }}");
     }
     out.push_str("}\n");
-    out
+    with_generation(out, &cfg.dir)
+}
+
+/// The status server nginx serves on a Unix socket of `dir`: `GET /config` answers the
+/// configuration's generation (a hash of everything else in it), so the controller can
+/// tell when nginx serves a configuration it wrote — `nginx -s reload` returns before the
+/// new workers run.
+fn with_generation(mut conf: String, dir: &Path) -> String {
+    let generation = generation_of(&conf);
+    conf.truncate(conf.len() - 2); // the closing "}\n" of the http block
+    let _ = write!(
+        conf,
+        "    server {{\n        listen unix:{}/status.sock;\n        location = /config {{\n            \
+         return 200 \"{generation}\";\n        }}\n    }}\n}}\n",
+        dir.display()
+    );
+    conf
+}
+
+fn generation_of(conf: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(conf.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The generation a rendered configuration announces (what [`with_generation`] put in).
+pub fn announced_generation(conf: &str) -> Option<&str> {
+    let start = conf.rfind("return 200 \"")? + "return 200 \"".len();
+    let len = conf[start..].find('"')?;
+    Some(&conf[start..start + len])
+}
+
+/// The generation the running nginx of `dir` serves (None while it answers nothing).
+async fn served_generation(dir: &Path) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::UnixStream::connect(dir.join("status.sock")).await.ok()?;
+    s.write_all(b"GET /config HTTP/1.0\r\nHost: localhost\r\n\r\n").await.ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.trim().to_string())
+}
+
+/// Wait (at most 10 s) until nginx serves the configuration `conf`.
+async fn wait_loaded(dir: &Path, conf: &str) -> bool {
+    let Some(want) = announced_generation(conf) else { return false };
+    for _ in 0..100 {
+        if served_generation(dir).await.as_deref() == Some(want) {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    false
 }
 
 /// Write `conf` if it differs from what is in `path`; true when it changed.
@@ -262,6 +314,8 @@ pub async fn run(client: Client, cfg: ControllerConfig) -> anyhow::Result<()> {
     let conf_path = cfg.dir.join("nginx.conf");
     let mut nginx: Option<tokio::process::Child> = None;
     let mut status_done: std::collections::BTreeSet<(String, String)> = Default::default();
+    // The generation of the configuration nginx was last seen serving.
+    let mut loaded: Option<String> = None;
     loop {
         let ings: Vec<Ingress> = ingresses.state().iter().map(|x| (**x).clone()).collect();
         let cls: Vec<IngressClass> = classes.state().iter().map(|x| (**x).clone()).collect();
@@ -276,6 +330,7 @@ pub async fn run(client: Client, cfg: ControllerConfig) -> anyhow::Result<()> {
             }
         }
         let running = nginx.is_some() || nginx_alive(&cfg.dir);
+        let mut applied = false;
         if !running {
             let conf_s = conf_path.to_string_lossy().to_string();
             match tokio::process::Command::new("nginx")
@@ -286,6 +341,7 @@ pub async fn run(client: Client, cfg: ControllerConfig) -> anyhow::Result<()> {
                 Ok(c) => {
                     tracing::info!(config = %conf_s, "started nginx");
                     nginx = Some(c);
+                    applied = true;
                 }
                 Err(e) => tracing::error!(error = %e, "cannot start nginx"),
             }
@@ -297,6 +353,7 @@ pub async fn run(client: Client, cfg: ControllerConfig) -> anyhow::Result<()> {
                 if out.status.success() {
                     reloads.inc();
                     tracing::info!("reloaded nginx: configuration changed");
+                    applied = true;
                 } else {
                     tracing::error!(stderr = %String::from_utf8_lossy(&out.stderr), "nginx reload failed");
                 }
@@ -304,8 +361,17 @@ pub async fn run(client: Client, cfg: ControllerConfig) -> anyhow::Result<()> {
                 tracing::error!(stderr = %String::from_utf8_lossy(&test.stderr), "rendered nginx configuration is invalid; not reloading");
             }
         }
-        // Publish this node's address in the status of the Ingresses we serve.
-        if let Some(ip) = cfg.node_ip {
+        // Only a configuration nginx really serves counts (after a start or reload, and
+        // for an nginx adopted from an earlier kubeproxy).
+        if applied || loaded.as_deref() != announced_generation(&conf) {
+            loaded = wait_loaded(&cfg.dir, &conf).await.then(|| announced_generation(&conf).unwrap_or("").to_string());
+            if loaded.is_none() {
+                tracing::warn!("nginx does not serve the new configuration yet; Ingress status waits");
+            }
+        }
+        // Publish this node's address in the status of the Ingresses nginx now serves —
+        // what `kubectl get ingress` shows as ADDRESS, so users (and tests) can wait for it.
+        if let (Some(ip), true) = (cfg.node_ip, loaded.is_some()) {
             for ing in ings.iter().filter(|i| serves(i, &cfg.class, cfg.without_class, &cls)) {
                 let (Some(ns), Some(name)) = (ing.metadata.namespace.clone(), ing.metadata.name.clone()) else {
                     continue;
@@ -330,7 +396,12 @@ pub async fn run(client: Client, cfg: ControllerConfig) -> anyhow::Result<()> {
                 status_done.insert((ns, name));
             }
         }
-        notify.notified().await;
+        if loaded.is_some() {
+            notify.notified().await;
+        } else {
+            // Look again soon: nginx may still be starting.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), notify.notified()).await;
+        }
     }
 }
 
@@ -422,6 +493,20 @@ mod tests {
             "{conf}"
         );
         assert!(conf.contains("location = /web {\n            rewrite ^/web/?(.*)$ /$1 break;"), "{conf}");
+    }
+
+    #[test]
+    fn the_configuration_announces_its_generation_on_a_local_socket() {
+        let a = render(&[], &[], &[], &cfg());
+        assert!(a.contains("listen unix:/run/kp/status.sock;"), "{a}");
+        let gen = announced_generation(&a).unwrap();
+        assert_eq!(gen.len(), 16);
+        assert!(a.ends_with("    }\n}\n"));
+        let mut other = cfg();
+        other.http_port = 8081;
+        let b = render(&[], &[], &[], &other);
+        assert_ne!(announced_generation(&b).unwrap(), gen, "another configuration, another generation");
+        assert_eq!(announced_generation(&render(&[], &[], &[], &cfg())).unwrap(), gen, "deterministic");
     }
 
     #[test]

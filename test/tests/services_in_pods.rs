@@ -288,16 +288,16 @@ fn scenario(mode: &str) {
     let (ok, out) = c.kubectl(&["get", "svc", "-n", "kube-system", "kube-dns", "-o", "jsonpath={.spec.clusterIP}"]);
     assert!(ok && out == DNS_IP, "the cluster DNS Service kube-system/kube-dns has cluster IP {DNS_IP}: {out}");
 
+    // examples/ingress.yaml is 06-ingress.yaml with ingress-nginx's rewrite-target: busybox
+    // httpd serves only /, so the backends must see / instead of /web or /other.
     for f in [
         m.join("03-deployment.yaml"),
         m.join("04-service.yaml"),
-        m.join("06-ingress.yaml"),
+        examples.join("ingress.yaml"),
         examples.join("other.yaml"),
     ] {
         c.must(&["apply", "-f", f.to_str().unwrap()]);
     }
-    // busybox httpd serves only /: ingress-nginx's rewrite-target sends / to the backends.
-    c.must(&["annotate", "ingress", "my-dns", "nginx.ingress.kubernetes.io/rewrite-target=/"]);
     let clients = ["client-node-1", "client-node-2"];
     for (pod, node) in clients.iter().zip(["node-1", "node-2"]) {
         let (ok, out) = c.kubectl_in(&["apply", "-f", "-"], Some(&client_pod(pod, node)));
@@ -365,6 +365,19 @@ fn scenario(mode: &str) {
         ok && out.contains(&format!("Address: {node_ip}\n")),
         "host: the Ingress host resolves to the node:\n{out}"
     );
+    // What a user waits for before using the Ingress: its ADDRESS (published once nginx
+    // serves a configuration with it) and both backends answering on their cluster IPs
+    // (nginx reaches them there, through the kubeproxy's rules).
+    wait_for("the Ingress's ADDRESS", WAIT, || {
+        let (_, addr) = c.kubectl(&["get", "ingress", "my-dns", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+        if addr == node_ip {
+            Ok(())
+        } else {
+            Err(format!("ADDRESS {addr:?}"))
+        }
+    });
+    let other_ip = c.must(&["get", "svc", "other", "-o", "jsonpath={.spec.clusterIP}"]);
+    wait_for("the other Service answering on its cluster IP", WAIT, || host_get(&format!("http://{other_ip}/"), None));
     // On failure: nginx's view, and whether another kubeproxy on this host rewrote the rules.
     let diag = || {
         format!(

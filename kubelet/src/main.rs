@@ -104,6 +104,11 @@ async fn main() -> Result<()> {
     common::init_tracing(&flags.log_level);
     let _trimmer = common::memory::spawn_trimmer(common::memory::TRIM_INTERVAL);
     let node_name = flags.hostname_override.clone().unwrap_or_else(hostname);
+    // One kubelet per node on a host: two would fight over the node's containers.
+    let _lock = common::lock::acquire(
+        &common::lock::runtime_dir().join(format!("kubelet-{}.lock", common::lock::file_name_part(&node_name))),
+        &format!("a kubelet for node {node_name}"),
+    )?;
     let node_ip = flags.node_ip.clone().unwrap_or_else(default_node_ip);
     let pod_cidr: Option<network::Cidr> = flags.pod_cidr.as_deref().map(str::parse).transpose()?;
     let labels = node::parse_labels(&flags.node_labels)?;

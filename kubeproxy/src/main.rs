@@ -116,6 +116,24 @@ async fn main() {
     let args = Args::parse();
     common::init_tracing(&args.log_level);
     let _trimmer = common::memory::spawn_trimmer(common::memory::TRIM_INTERVAL);
+    // One kubeproxy per network namespace: two would rewrite each other's rules (and
+    // stop each other's nginx). Taken before anything that the exit path undoes.
+    let _lock = if args.cleanup {
+        None
+    } else {
+        let ns = common::lock::netns_id().map(|i| i.to_string()).unwrap_or_else(|| "unknown".into());
+        match common::lock::acquire(
+            &common::lock::runtime_dir().join(format!("kubeproxy-netns-{ns}.lock")),
+            "a kubeproxy in this network namespace",
+        ) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::error!("{e}");
+                eprintln!("kubeproxy: {e}");
+                std::process::exit(1);
+            }
+        }
+    };
     let ingress_dir = args.ingress_dir.clone();
     let result = tokio::select! {
         r = run(args) => r,

@@ -27,3 +27,27 @@ pub fn sh_stdout(cmd: &str) -> String {
     let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// The components `scripts/cluster` runs for the state directory `home` that are running
+/// now, with their pids (the supervisor's `status.json`).
+pub fn component_pids(home: &Path) -> Vec<(String, u32)> {
+    let Ok(text) = std::fs::read_to_string(home.join("supervisor/status.json")) else { return vec![] };
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    doc["components"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["state"] == "running")
+        .filter_map(|c| Some((c["name"].as_str()?.to_string(), u32::try_from(c["pid"].as_u64()?).ok()?)))
+        .collect()
+}
+
+/// The pid of one running component of `home`.
+pub fn component_pid(home: &Path, name: &str) -> Option<u32> {
+    component_pids(home).into_iter().find(|(n, _)| n == name).map(|(_, p)| p)
+}
+
+/// The row of `scripts/cluster status` output for a component: its state column onwards.
+pub fn status_row<'a>(status: &'a str, name: &str) -> Option<&'a str> {
+    status.lines().find_map(|l| l.strip_prefix(name).filter(|r| r.starts_with(' ')).map(str::trim_start))
+}

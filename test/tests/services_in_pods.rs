@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -109,8 +109,7 @@ impl Cluster {
     }
 
     fn kubeproxy_pid(&self) -> u32 {
-        let p = std::fs::read_to_string(self.home.join("pids/kubeproxy.pid")).unwrap_or_default();
-        p.trim().parse().unwrap_or_else(|_| panic!("no kubeproxy pid: {p:?}"))
+        e2e::cluster::component_pid(&self.home, "kubeproxy").unwrap_or_else(|| panic!("kubeproxy is not running"))
     }
 
     /// kubeproxy's command line (to restart it exactly as the script started it).
@@ -487,24 +486,21 @@ fn scenario(mode: &str) {
         out.map(|o| String::from_utf8_lossy(&o.stdout).lines().count()).unwrap_or(0)
     };
     assert_eq!(nginx_masters(), 1, "one nginx runs for the Ingress");
-    sh(&format!("kill -9 {}", c.kubeproxy_pid()));
-    wait_for("kubeproxy gone", Duration::from_secs(10), || {
-        if Path::new(&format!("/proc/{}", c.kubeproxy_pid())).exists() {
-            Err("still there".into())
-        } else {
-            Ok(())
-        }
-    });
+    let killed = c.kubeproxy_pid();
+    let restarted_at = now_secs();
+    sh(&format!("kill -9 {killed}"));
     for pod in clients {
         let body = pod_get(&c, pod, "client", &format!("http://{ip}/")).unwrap();
-        assert!(web_names.contains(&body), "{pod} reaches the cluster IP while kubeproxy is down: {body:?}");
+        assert!(web_names.contains(&body), "{pod} reaches the cluster IP while kubeproxy is gone: {body:?}");
     }
-    // Restarted exactly as the script started it: the same rules, nothing duplicated.
-    let restarted_at = now_secs();
-    let quoted: Vec<String> = cmdline.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
-    let log = c.home.join("logs/kubeproxy.log");
-    let pid = stdout(&format!("nohup {} >>'{}' 2>&1 & echo $!", quoted.join(" "), log.display()));
-    std::fs::write(c.home.join("pids/kubeproxy.pid"), pid.trim()).unwrap();
+    // The supervisor starts it again, exactly as the script started it: the same rules,
+    // nothing duplicated, the running nginx adopted.
+    wait_for("kubeproxy restarted by the supervisor", Duration::from_secs(30), || {
+        match e2e::cluster::component_pid(&c.home, "kubeproxy") {
+            Some(p) if p != killed => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
     c.wait_synced_after(restarted_at, 0.0);
     let (found, out) = c.kubectl(&["get", "endpointslice", "-n", "kube-system", "kube-dns-node-1"]);
     assert!(found, "the DNS endpoint is published: {out}");
@@ -520,9 +516,12 @@ fn scenario(mode: &str) {
     assert!(body.starts_with("other other-"), "the Ingress after the restart: {body:?}");
     assert_eq!(nginx_masters(), 1, "the restarted kubeproxy adopted nginx:\n{}", c.log("kubeproxy"));
 
-    // Stopped (SIGTERM): nginx goes with it; --cleanup removes every rule.
+    // Stopped (SIGTERM, as the supervisor stops a component it no longer runs): nginx goes
+    // with it; --cleanup removes every rule.
     let pid = c.kubeproxy_pid();
-    sh(&format!("kill {pid}"));
+    std::fs::remove_file(c.home.join("supervisor/kubeproxy.json")).unwrap();
+    let sup = std::fs::read_to_string(c.home.join("supervisor/supervisor.lock")).unwrap();
+    sh(&format!("kill -HUP {}", sup.trim()));
     wait_for("kubeproxy stopped", Duration::from_secs(15), || {
         let (_, st) = sh(&format!("ps -o stat= -p {pid}"));
         if st.trim().is_empty() || st.starts_with('Z') {

@@ -13,12 +13,13 @@ use storage::Store;
 pub mod authn;
 pub mod continuetoken;
 pub mod crds;
+pub mod discovery;
 pub mod error;
 pub mod eventsview;
 pub mod eventttl;
-pub mod eviction;
 pub mod hpaview;
 pub mod ipalloc;
+pub mod kubeletclient;
 pub mod metrics;
 pub mod metricsapi;
 pub mod nscache;
@@ -26,7 +27,6 @@ pub mod openapi;
 pub mod openapi_proto;
 pub mod patch;
 pub mod protobuf;
-pub mod proxy;
 pub mod registry;
 pub mod requestinfo;
 pub mod resources;
@@ -81,7 +81,8 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
     let store: Arc<dyn Store> = Arc::new(metrics::MeteredStore::new(store, metrics.clone()));
     let ip_range = ipalloc::IpRange::parse(&opts.service_cluster_ip_range).map_err(anyhow::Error::msg)?;
     let port_range = ipalloc::PortRange::parse(&opts.service_node_port_range).map_err(anyhow::Error::msg)?;
-    let registry = Arc::new(Registry::new(store.clone(), ip_range, port_range));
+    let config = registry::ClusterConfig { service_cluster_ip_range: ip_range, service_node_port_range: port_range };
+    let registry = Arc::new(Registry::new(store.clone(), config));
     Ok(Arc::new(server::AppState {
         registry,
         caches: Arc::new(watch::WatchCaches::new(store, opts.watch_cache_size)),
@@ -112,7 +113,7 @@ pub async fn bootstrap(state: &server::AppState, opts: &Options) -> Result<(), e
     }
     let svc_res =
         resources::find("", "v1", "services").ok_or_else(|| error::ApiError::internal("no services resource"))?;
-    let ip = reg.ip_range.first().to_string();
+    let ip = reg.config.service_cluster_ip_range.first().to_string();
     let body = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}},

@@ -7,15 +7,13 @@
 //! metrics-server does).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::error::{ApiError, ApiResult};
-use crate::registry::generic::ListOptions;
+use crate::registry::generic::{ListOptions, Registry};
 use crate::requestinfo::ResourcePath;
-use crate::server::AppState;
 
 pub const GROUP: &str = "metrics.k8s.io";
 pub const VERSION: &str = "v1beta1";
@@ -166,9 +164,9 @@ pub fn summary_pods(summary: &Value) -> HashMap<(String, String), Value> {
 
 /// The kubelet's Summary, or None when it cannot be had in time.
 async fn summary_of(node: &Value) -> Option<Value> {
-    let (host, port) = crate::proxy::kubelet_address(node).ok()?;
+    let (host, port) = crate::kubeletclient::kubelet_address(node).ok()?;
     let fetch = async {
-        let resp = crate::proxy::proxy_get(&host, port, "/stats/summary").await.ok()?;
+        let resp = crate::kubeletclient::proxy_get(&host, port, "/stats/summary").await.ok()?;
         let body = axum::body::to_bytes(resp.into_body(), 64 << 20).await.ok()?;
         serde_json::from_slice::<Value>(&body).ok()
     };
@@ -187,14 +185,13 @@ fn list_of(kind: &str, items: Vec<Value>) -> Value {
 }
 
 /// Serve a `metrics.k8s.io/v1beta1` request (GET only).
-pub async fn serve(state: &Arc<AppState>, rp: &ResourcePath, watch: bool, opts: ListOptions) -> ApiResult<Value> {
+pub async fn serve(reg: &Registry, rp: &ResourcePath, watch: bool, opts: ListOptions) -> ApiResult<Value> {
     if rp.version != VERSION || rp.subresource.is_some() {
         return Err(ApiError::not_found_message("the server could not find the requested resource"));
     }
     if watch {
         return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
     }
-    let reg = &state.registry;
     let nodes_res = crate::resources::find("", "v1", "nodes").ok_or_else(|| ApiError::internal("no nodes resource"))?;
     let pods_res = crate::resources::find("", "v1", "pods").ok_or_else(|| ApiError::internal("no pods resource"))?;
     let all = ListOptions { label_selector: Default::default(), field_selector: Default::default(), ..opts.clone() };

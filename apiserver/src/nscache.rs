@@ -1,5 +1,7 @@
-//! The namespace cache behind the create path's namespace check (Kubernetes'
-//! NamespaceLifecycle admission reads an informer the same way): one storage list + watch of
+//! Namespace lifecycle for the create path (Kubernetes' NamespaceLifecycle admission): an
+//! object may be created only in an existing, non-terminating namespace
+//! ([`NamespaceCache::admit_create`]). A cache answers it without a storage read (the
+//! admission plugin reads an informer the same way): one storage list + watch of
 //! `/registry/namespaces/` keeps a map of which namespaces exist and which are terminating.
 //!
 //! The cache only ever says "active, go ahead". Anything else — a namespace it does not
@@ -16,6 +18,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::Value;
 use storage::{EventKind, Range, Revision, Store};
+
+use crate::error::{ApiError, ApiResult, FieldError};
+use crate::registry::ResourceDef;
 
 pub const PREFIX: &str = "/registry/namespaces/";
 
@@ -42,6 +47,36 @@ pub fn terminating(ns: &Value) -> bool {
 }
 
 impl NamespaceCache {
+    /// An object named `name` of `res` may be created in namespace `ns`: it exists and is
+    /// not terminating (404 / 403 `NamespaceTerminating` otherwise, as Kubernetes answers).
+    pub async fn admit_create(self: &Arc<Self>, res: &ResourceDef, ns: &str, name: &str) -> ApiResult<()> {
+        if self.known_active(ns) {
+            return Ok(());
+        }
+        let Some(kv) = self.store.get(&format!("{PREFIX}{ns}")).await?.1 else {
+            return Err(ApiError::not_found("", "namespaces", ns));
+        };
+        let stored: Value = serde_json::from_slice(&kv.value)
+            .map_err(|e| ApiError::internal(format!("stored namespace {ns} is corrupt: {e}")))?;
+        if terminating(&stored) {
+            let mut e = ApiError::forbidden(
+                res.group,
+                res.plural,
+                name,
+                &format!("unable to create new content in namespace {ns} because it is being terminated"),
+            );
+            if let Some(d) = e.details.as_mut() {
+                d.causes.push(FieldError {
+                    reason: "NamespaceTerminating",
+                    field: "metadata.namespace".into(),
+                    message: format!("namespace {ns} is being terminated"),
+                });
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
     pub fn new(store: Arc<dyn Store>) -> Self {
         NamespaceCache { store, state: Mutex::new(State::default()), written: AtomicI64::new(0), start: Once::new() }
     }

@@ -37,6 +37,15 @@ pub enum PatchError {
     Apply(String),
 }
 
+impl From<PatchError> for crate::error::ApiError {
+    fn from(e: PatchError) -> Self {
+        match e {
+            PatchError::Decode(m) => crate::error::ApiError::bad_request(m),
+            PatchError::Apply(m) => crate::error::ApiError::new(422, "Invalid", m),
+        }
+    }
+}
+
 /// The group, version and kind of the patched object (its schema drives strategic merge patch).
 pub type Gvk<'a> = (&'a str, &'a str, &'a str);
 

@@ -1,5 +1,7 @@
 //! Parse a request path into what it addresses (Kubernetes' RequestInfo). Pure.
 
+use std::collections::HashMap;
+
 /// What an API path addresses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -102,6 +104,41 @@ pub fn verb(method: &http::Method, rp: &ResourcePath, watch_param: bool) -> &'st
         }
         _ => "unknown",
     }
+}
+
+/// The pairs of a query string, percent-decoded (`+` is a space).
+pub fn form_urlencoded_pairs(q: &str) -> HashMap<String, String> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+pub fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

@@ -21,6 +21,8 @@ use crate::patch::PatchType;
 use crate::registry::generic::{
     key_of, prefix_of, DeleteOptions, Deleted, FieldValidation, Intent, ListOptions, Registry, UpdateKind, WriteOptions,
 };
+use crate::registry::pod;
+use crate::registry::scale::ScaleWrite;
 use crate::requestinfo::{self, ResourcePath, Target};
 use crate::resources::{self, ResourceDef, Sub};
 use crate::selectors::{FieldSelector, LabelSelector};
@@ -179,6 +181,11 @@ fn json_bytes_response(code: StatusCode, body: Vec<u8>, warnings: &[String]) -> 
     r
 }
 
+/// A core/v1 resource of the table (always there).
+fn core_resource(plural: &str) -> ApiResult<&'static ResourceDef> {
+    resources::find("", "v1", plural).ok_or_else(|| ApiError::internal(format!("no {plural} resource")))
+}
+
 fn not_found_path() -> ApiError {
     ApiError::not_found_message("the server could not find the requested resource")
 }
@@ -207,14 +214,17 @@ fn metric_labels(
 async fn dispatch(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let start = Instant::now();
     let (mut parts, body) = req.into_parts();
-    let query: HashMap<String, String> = parts.uri.query().map(|q| form_urlencoded_pairs(q)).unwrap_or_default();
+    let query: HashMap<String, String> = parts.uri.query().map(requestinfo::form_urlencoded_pairs).unwrap_or_default();
     let target = requestinfo::parse(parts.uri.path());
     let (verb, group, resource, sub) = metric_labels(&parts.method, &target, &query);
     let result = match &target {
         // pods/exec, attach, portforward: long-running upgrades proxied to the kubelet.
-        Some(Target::Resource(rp)) if crate::proxy::is_stream_subresource(rp) => {
+        Some(Target::Resource(rp)) if pod::proxy::is_stream_subresource(rp) => {
             let rp = rp.clone();
-            crate::proxy::stream(&state, &mut parts, &rp).await
+            match (core_resource("pods"), core_resource("nodes")) {
+                (Ok(pods), Ok(nodes)) => pod::proxy::stream(&state.registry, pods, nodes, &mut parts, &rp).await,
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            }
         }
         // Access and identity reviews: answered, never stored.
         Some(Target::Resource(rp)) if crate::reviews::serves(&rp.group) => {
@@ -240,40 +250,6 @@ async fn dispatch(State(state): State<Arc<AppState>>, req: Request) -> Response 
     resp
 }
 
-fn form_urlencoded_pairs(q: &str) -> HashMap<String, String> {
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-pub(crate) fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 async fn route(
     state: &Arc<AppState>,
     method: &Method,
@@ -293,10 +269,12 @@ async fn route(
     };
     match target {
         None => Err(not_found_path()),
-        Some(Target::CoreVersions) => discovery(Some(resources::api_versions(&state.server_address))),
-        Some(Target::Groups) => discovery(Some(resources::api_group_list())),
-        Some(Target::Group(g)) => discovery(resources::api_group(&g)),
-        Some(Target::ResourceList { group, version }) => discovery(resources::api_resource_list(&group, &version)),
+        Some(Target::CoreVersions) => discovery(Some(crate::discovery::api_versions(&state.server_address))),
+        Some(Target::Groups) => discovery(Some(crate::discovery::api_group_list())),
+        Some(Target::Group(g)) => discovery(crate::discovery::api_group(&g)),
+        Some(Target::ResourceList { group, version }) => {
+            discovery(crate::discovery::api_resource_list(&group, &version))
+        }
         Some(Target::Resource(rp)) if rp.group == crate::metricsapi::GROUP => {
             if !is_get {
                 return Err(ApiError::method_not_allowed(
@@ -304,7 +282,7 @@ async fn route(
                 ));
             }
             let watch = q_bool(query, "watch")?.unwrap_or(false);
-            let v = crate::metricsapi::serve(state, &rp, watch, list_options(query)?).await?;
+            let v = crate::metricsapi::serve(&state.registry, &rp, watch, list_options(query)?).await?;
             Ok(json_response(StatusCode::OK, &v, &[]))
         }
         Some(Target::Resource(rp)) => resource_request(state, method, headers, query, rp, body).await,
@@ -315,51 +293,9 @@ async fn route(
 fn update_kind(sub: Option<Sub>) -> UpdateKind {
     match sub {
         Some(Sub::Status) => UpdateKind::Status,
-        Some(Sub::Finalize) => UpdateKind::Finalize,
-        Some(Sub::EphemeralContainers) => UpdateKind::EphemeralContainers,
+        Some(s @ (Sub::Finalize | Sub::EphemeralContainers)) => UpdateKind::Subresource(s),
         _ => UpdateKind::Main,
     }
-}
-
-/// Before an eviction deletes a pod: consume its PodDisruptionBudget, or refuse (see
-/// [`crate::eviction`]). The budget's status is written with its resourceVersion as the
-/// precondition, so two evictions never spend the same disruption; a lost race decides again.
-async fn check_disruption_budgets(
-    state: &AppState,
-    pods: &ResourceDef,
-    ns: &str,
-    name: &str,
-    dry_run: bool,
-) -> ApiResult<()> {
-    use crate::eviction::{decide, Verdict};
-    let reg = &state.registry;
-    let pdbs = resources::find("policy", "v1", "poddisruptionbudgets")
-        .ok_or_else(|| ApiError::internal("no poddisruptionbudgets resource"))?;
-    for _ in 0..5 {
-        let pod = reg.get(pods, ns, name).await?;
-        let list = reg.list(pdbs, Some(ns), &ListOptions::default()).await?;
-        let items = list.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
-        let now = crate::registry::generic::now_rfc3339();
-        let (budget, read, status) = match decide(&pod, &items, &now, dry_run) {
-            Verdict::Delete => return Ok(()),
-            Verdict::Refuse(e) => return Err(e),
-            Verdict::Consume { budget, resource_version, status } => (budget, resource_version.parse().ok(), status),
-        };
-        let outcome = reg
-            .guaranteed_update(pdbs, ns, &budget, UpdateKind::Status, &WriteOptions::default(), |current| {
-                let Some(current) = current else { return Ok(None) };
-                let mut new = current.clone();
-                new["status"] = status.clone();
-                Ok(Some(Intent { object: new, precondition: read }))
-            })
-            .await;
-        match outcome {
-            Ok(_) => return Ok(()),
-            Err(e) if e.code == 409 => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(ApiError::new(429, "TooManyRequests", "too many concurrent evictions; please retry"))
 }
 
 /// `POST` of a review (see [`crate::reviews`]).
@@ -675,44 +611,25 @@ async fn resource_request(
         // ---- scale
         ("get", Some(Sub::Scale)) => {
             let obj = reg.get(res, &ns, &name).await?;
-            let scale = scale_of(res, &obj)?;
+            let scale = crate::registry::scale::scale_of(res, &obj)?;
             let body = if table { crate::table::scale_table(&scale, query) } else { scale };
             Ok(json_response(StatusCode::OK, &body, &[]))
         }
         ("update", Some(Sub::Scale)) | ("patch", Some(Sub::Scale)) => {
-            let ptype = if verb == "patch" { Some(patch_type(headers)?) } else { None };
             let bytes = read_body(headers, body).await?;
-            let opts = write_options(query)?;
-            let body_scale = match ptype {
-                None => Some(decode_object(headers, &bytes)?),
-                Some(_) => None,
+            let write = if verb == "patch" {
+                ScaleWrite::Patch(patch_type(headers)?, &bytes)
+            } else {
+                ScaleWrite::Replace(decode_object(headers, &bytes)?)
             };
-            let out = reg
-                .guaranteed_update(res, &ns, &name, UpdateKind::Internal, &opts, |current| {
-                    let Some(current) = current else { return Ok(None) };
-                    let cur_scale = scale_of(res, current)?;
-                    let desired = match (&body_scale, ptype) {
-                        (Some(b), _) => b.clone(),
-                        (None, Some(pt)) => crate::patch::apply(pt, &cur_scale, &bytes, ("autoscaling", "v1", "Scale"))
-                            .map_err(|e| match e {
-                                crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
-                                crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
-                            })?,
-                        (None, None) => cur_scale.clone(),
-                    };
-                    let (replicas, precondition) = check_scale(&desired, &cur_scale, &name)?;
-                    let mut new = current.clone();
-                    crate::registry::set_at(&mut new, "/spec/replicas", json!(replicas));
-                    Ok(Some(Intent { object: new, precondition }))
-                })
-                .await?;
-            Ok(json_response(StatusCode::OK, &scale_of(res, &out.object)?, &[]))
+            let scale = crate::registry::scale::update(reg, res, &ns, &name, write, &write_options(query)?).await?;
+            Ok(json_response(StatusCode::OK, &scale, &[]))
         }
         // ---- pods/binding
         ("create", Some(Sub::Binding)) => {
             let bytes = read_body(headers, body).await?;
             let binding = decode_object(headers, &bytes)?;
-            bind_pod(state, res, &ns, &name, &binding, &write_options(query)?).await?;
+            pod::binding::bind(reg, res, &ns, &name, &binding, &write_options(query)?).await?;
             Ok(json_response(
                 StatusCode::CREATED,
                 &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
@@ -723,14 +640,11 @@ async fn resource_request(
         ("create", Some(Sub::Eviction)) => {
             let bytes = read_body(headers, body).await?;
             let eviction = decode_object(headers, &bytes)?;
-            let body_name = eviction.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-            if !body_name.is_empty() && body_name != name {
-                return Err(ApiError::bad_request(format!("name in URL does not match name in Eviction object")));
-            }
             let del = eviction.get("deleteOptions").cloned().unwrap_or(json!({}));
             let opts = delete_options(query, &serde_json::to_vec(&del).unwrap_or_default())?;
-            check_disruption_budgets(state, res, &ns, &name, opts.dry_run).await?;
-            reg.delete(res, &ns, &name, &opts).await?;
+            let pdbs = resources::find("policy", "v1", "poddisruptionbudgets")
+                .ok_or_else(|| ApiError::internal("no poddisruptionbudgets resource"))?;
+            pod::eviction::evict(reg, res, pdbs, &ns, &name, &eviction, &opts).await?;
             Ok(json_response(
                 StatusCode::CREATED,
                 &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
@@ -739,26 +653,16 @@ async fn resource_request(
         }
         // ---- pods/log: proxied to the node's kubelet
         ("get", Some(Sub::NotYetServed("log", _))) if res.plural == "pods" => {
-            let pod = reg.get(res, &ns, &name).await?;
-            let container = crate::proxy::log_container(&pod, query.get("container").map(String::as_str))?;
-            let node_name = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or_default();
-            if node_name.is_empty() {
-                return Err(ApiError::bad_request(format!("pod {name} does not have a host assigned")));
-            }
-            let nodes = resources::find("", "v1", "nodes").ok_or_else(|| ApiError::internal("no nodes resource"))?;
-            let node = reg.get(nodes, "", node_name).await?;
-            let (host, port) = crate::proxy::kubelet_address(&node)?;
-            let path = format!("/containerLogs/{ns}/{name}/{container}{}", crate::proxy::log_query(query));
-            crate::proxy::proxy_get(&host, port, &path).await
+            pod::proxy::logs(reg, res, core_resource("nodes")?, &ns, &name, query).await
         }
         // ---- nodes/proxy: GET proxied to the node's kubelet
         ("get", Some(Sub::NotYetServed("proxy", _))) if res.plural == "nodes" => {
             let node = reg.get(res, "", &name).await?;
-            let (host, port) = crate::proxy::kubelet_address(&node)?;
+            let (host, port) = crate::kubeletclient::kubelet_address(&node)?;
             let mut q: Vec<String> = query.iter().map(|(k, v)| format!("{k}={v}")).collect();
             q.sort();
             let q = if q.is_empty() { String::new() } else { format!("?{}", q.join("&").replace([' ', '#'], "")) };
-            crate::proxy::proxy_get(&host, port, &format!("/{}{q}", rp.subpath)).await
+            crate::kubeletclient::proxy_get(&host, port, &format!("/{}{q}", rp.subpath)).await
         }
         (_, Some(Sub::NotYetServed(what, needs))) => {
             Err(ApiError::not_found_message(format!("{}/{what} is not served yet (it needs {needs})", res.plural)))
@@ -976,11 +880,7 @@ async fn converted_view(
                         &(view.to_view)(current),
                         &bytes,
                         (view.group, view.version, view.kind),
-                    )
-                    .map_err(|e| match e {
-                        crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
-                        crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
-                    })?;
+                    )?;
                     let (stored, _) = incoming(patched, opts.field_validation)?;
                     let (obj, _) = reg.decode_body(core, Some(&ns), stored, opts.field_validation)?;
                     Ok(Some(Intent { object: obj, precondition: None }))
@@ -1010,137 +910,6 @@ async fn converted_view(
         }
         _ => Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource")),
     }
-}
-
-// ------------------------------------------------------------------ scale
-
-fn scale_of(res: &ResourceDef, obj: &Value) -> ApiResult<Value> {
-    let info = res.strategy.scale_info(obj).ok_or_else(not_found_path)?;
-    let meta = obj.get("metadata").cloned().unwrap_or(json!({}));
-    let mut m = json!({});
-    for f in ["name", "namespace", "uid", "resourceVersion", "creationTimestamp"] {
-        if let Some(v) = meta.get(f) {
-            m[f] = v.clone();
-        }
-    }
-    Ok(json!({
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": m,
-        "spec": {"replicas": info.spec_replicas},
-        "status": {"replicas": info.status_replicas, "selector": info.selector},
-    }))
-}
-
-/// Validate a desired Scale: returns spec.replicas and the resourceVersion precondition.
-fn check_scale(desired: &Value, current: &Value, name: &str) -> ApiResult<(i64, Option<i64>)> {
-    let kind = desired.get("kind").and_then(Value::as_str).unwrap_or("Scale");
-    if kind != "Scale" {
-        return Err(ApiError::bad_request(format!(
-            "the kind in the body ({kind}) does not match the expected kind (Scale)"
-        )));
-    }
-    let body_name = desired.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(name);
-    if body_name != name {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({body_name}) does not match the name on the URL ({name})"
-        )));
-    }
-    let replicas = match desired.pointer("/spec/replicas") {
-        None | Some(Value::Null) => 0,
-        Some(v) => v.as_i64().ok_or_else(|| ApiError::bad_request("Scale.spec.replicas must be an integer"))?,
-    };
-    if replicas < 0 || replicas > i32::MAX as i64 {
-        return Err(ApiError::invalid(
-            "autoscaling",
-            "Scale",
-            name,
-            vec![FieldError::invalid("spec.replicas", &json!(replicas), "must be greater than or equal to 0")],
-        ));
-    }
-    let cur_rv = current.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default();
-    let precondition = match desired.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
-        Some(rv) if !rv.is_empty() && rv != cur_rv => {
-            Some(rv.parse::<i64>().map_err(|_| ApiError::bad_request("invalid resourceVersion"))?)
-        }
-        Some(rv) if !rv.is_empty() => rv.parse::<i64>().ok(),
-        _ => None,
-    };
-    Ok((replicas, precondition))
-}
-
-// ------------------------------------------------------------------ binding
-
-async fn bind_pod(
-    state: &Arc<AppState>,
-    res: &ResourceDef,
-    ns: &str,
-    name: &str,
-    binding: &Value,
-    opts: &WriteOptions,
-) -> ApiResult<()> {
-    let kind = binding.get("kind").and_then(Value::as_str).unwrap_or("Binding");
-    if kind != "Binding" {
-        return Err(ApiError::bad_request(format!(
-            "the kind in the body ({kind}) does not match the expected kind (Binding)"
-        )));
-    }
-    let body_name = binding.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(name);
-    if body_name != name {
-        return Err(ApiError::bad_request("name in URL does not match name in Binding object"));
-    }
-    let target = binding.pointer("/target/name").and_then(Value::as_str).unwrap_or_default().to_string();
-    if target.is_empty() {
-        return Err(ApiError::invalid("", "Binding", name, vec![FieldError::required("target.name", "")]));
-    }
-    let target_kind = binding.pointer("/target/kind").and_then(Value::as_str).unwrap_or("Node");
-    if !target_kind.is_empty() && target_kind != "Node" {
-        return Err(ApiError::invalid(
-            "",
-            "Binding",
-            name,
-            vec![FieldError::not_supported("target.kind", &json!(target_kind), &["Node"])],
-        ));
-    }
-    let uid_pre = binding.pointer("/metadata/uid").and_then(Value::as_str).map(String::from);
-    let annotations = binding.pointer("/metadata/annotations").and_then(Value::as_object).cloned();
-    state
-        .registry
-        .guaranteed_update(res, ns, name, UpdateKind::Internal, opts, |current| {
-            let Some(current) = current else { return Ok(None) };
-            if let Some(uid) = &uid_pre {
-                if current.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
-                    return Err(ApiError::conflict("", "pods/binding", name, &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", current.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default())));
-                }
-            }
-            if current.pointer("/metadata/deletionTimestamp").is_some() {
-                return Err(ApiError::conflict("", "pods/binding", name, &format!("pod {name} is being deleted, cannot be assigned to a host")));
-            }
-            let node = current.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or_default();
-            if !node.is_empty() {
-                return Err(ApiError::conflict("", "pods/binding", name, &format!("pod {name} is already assigned to node \"{node}\"")));
-            }
-            let mut new = current.clone();
-            crate::registry::set_at(&mut new, "/spec/nodeName", json!(target));
-            if let Some(ann) = &annotations {
-                for (k, v) in ann {
-                    crate::registry::set_at(&mut new, &format!("/metadata/annotations/{}", k.replace('~', "~0").replace('/', "~1")), v.clone());
-                }
-            }
-            // PodScheduled=True, as the binding REST does.
-            let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": crate::registry::generic::now_rfc3339()});
-            let conds = new.pointer_mut("/status/conditions").and_then(Value::as_array_mut);
-            match conds {
-                Some(list) => {
-                    list.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
-                    list.push(cond);
-                }
-                None => crate::registry::set_at(&mut new, "/status/conditions", json!([cond])),
-            }
-            Ok(Some(Intent { object: new, precondition: None }))
-        })
-        .await?;
-    Ok(())
 }
 
 // ------------------------------------------------------------------ watch

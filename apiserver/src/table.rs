@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use crate::resources::ResourceDef;
+use crate::registry::ResourceDef;
 
 struct Col {
     name: &'static str,
@@ -328,7 +328,7 @@ fn cells(res: &ResourceDef, o: &Value) -> Vec<Value> {
 /// Convert a list (`{"metadata":…, "items":[…]}`) to a meta.k8s.io/v1 Table.
 /// Columns and cells of a custom resource: Name and its additionalPrinterColumns (Age when
 /// it declares none), as the apiextensions apiserver prints them.
-fn custom_table(info: &crate::resources::CustomInfo) -> (Vec<Value>, Box<dyn Fn(&Value) -> Vec<Value> + '_>) {
+fn custom_table(info: &crate::registry::CustomInfo) -> (Vec<Value>, Box<dyn Fn(&Value) -> Vec<Value> + '_>) {
     let mut cols = vec![
         json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
     ];

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::resources::ResourceDef;
+use crate::registry::ResourceDef;
 
 pub struct View {
     /// The group/version/kind served.

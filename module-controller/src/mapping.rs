@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::protocol::{BizModel, BizOperationResponse, HealthResponse, HeartbeatData, SimpleBizInfo, CODE_SUCCESS};
+pub use crate::tunnel::{biz_version, container_key, ENV_BIZ_VERSION};
 use crate::tunnel::{
     ContainerOperationResponse, ContainerState, ContainerStatusData, NetworkInfo, NodeInfo, NodeMetadata, NodeResource,
     NodeState, NodeStatusData, OperationResult,
@@ -40,7 +41,6 @@ pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 pub const TAINT_VIRTUAL_NODE: &str = "schedule.koupleless.io/virtual-node";
 pub const TAINT_NODE_ENV: &str = "schedule.koupleless.io/node-env";
 /// The env var carrying a module's version.
-pub const ENV_BIZ_VERSION: &str = "BIZ_VERSION";
 /// Module pods per vnode.
 pub const MAX_PODS: &str = "65535";
 /// The label selector of the one module-pod watch.
@@ -149,20 +149,6 @@ pub fn op_response(op: &BizOperationResponse) -> ContainerOperationResponse {
         reason: if r.data.code.is_empty() { r.code.clone() } else { r.data.code.clone() },
         message,
     }
-}
-
-/// A module's version: the container's `BIZ_VERSION` env value.
-pub fn biz_version(c: &Container) -> String {
-    c.env
-        .as_ref()
-        .and_then(|env| env.iter().find(|e| e.name == ENV_BIZ_VERSION))
-        .and_then(|e| e.value.clone())
-        .unwrap_or_default()
-}
-
-/// A module's key: `name:BIZ_VERSION`.
-pub fn container_key(c: &Container) -> String {
-    crate::protocol::biz_key(&c.name, &biz_version(c))
 }
 
 /// The `installBiz`/`uninstallBiz` body of a container (image = artifact URL).

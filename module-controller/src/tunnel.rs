@@ -178,8 +178,25 @@ pub trait Tunnel: Send + Sync {
     /// The key under which the base reports this container: `bizName:bizVersion`.
     fn container_unique_key(&self, pod_key: &str, container: &Container) -> String {
         let _ = pod_key;
-        crate::mapping::container_key(container)
+        container_key(container)
     }
+}
+
+/// The env variable that carries a module's version (Koupleless' convention).
+pub const ENV_BIZ_VERSION: &str = "BIZ_VERSION";
+
+/// A module's version: the container's `BIZ_VERSION` env value.
+pub fn biz_version(c: &Container) -> String {
+    c.env
+        .as_ref()
+        .and_then(|env| env.iter().find(|e| e.name == ENV_BIZ_VERSION))
+        .and_then(|e| e.value.clone())
+        .unwrap_or_default()
+}
+
+/// A module's key, under which bases report it: `name:BIZ_VERSION`.
+pub fn container_key(c: &Container) -> String {
+    crate::protocol::biz_key(&c.name, &biz_version(c))
 }
 
 /// A tunnel that reaches no base (a placeholder when none is configured).

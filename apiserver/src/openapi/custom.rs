@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::paths::{resource_paths, Flavor};
 use super::{meta_roots, v3_schemas, Doc, DEFINITIONS, META, V3_PREFIX};
-use crate::resources::{ResourceDef, Sub};
+use crate::registry::{ResourceDef, Sub};
 
 /// The definition name of a custom kind, as Kubernetes names it: reversed group, version, kind
 /// (`com.example.stable.v1.CronTab`).

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Map, Value};
 
 use super::{META, V2_PREFIX, V3_PREFIX};
-use crate::resources::{ResourceDef, Sub};
+use crate::registry::{ResourceDef, Sub};
 
 /// Whether the operation is described for Swagger 2.0 or OpenAPI 3.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::generic::{now_rfc3339, Intent, Outcome, Registry, UpdateKind, WriteOptions, MAX_RETRIES};
 use crate::error::{ApiError, ApiResult, FieldError};
-use crate::resources::ResourceDef;
+use crate::registry::ResourceDef;
 
 /// What the client asked for.
 pub struct ApplyOptions<'a> {

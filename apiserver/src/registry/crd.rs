@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::{ScaleInfo, Strategy};
 use crate::error::FieldError;
-use crate::resources::{CustomInfo, ResourceDef, Sub};
+use crate::registry::{CustomInfo, ResourceDef, Sub};
 
 /// The finalizer a CRD carries while its custom resources are deleted.
 pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
@@ -326,15 +326,9 @@ pub fn prune(v: &mut Value, schema: &Value, root: bool) {
     }
 }
 
-/// The typed decode of a custom resource: prune by the schema of its group/version/kind.
-fn normalize_custom(mut v: Value) -> Result<Value, String> {
-    let api_version = v.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
-    let kind = v.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version.as_str()));
-    let def = crate::resources::all()
-        .into_iter()
-        .find(|r| r.custom.is_some() && r.group == group && r.version == version && r.kind == kind);
-    if let Some(info) = def.and_then(|d| d.custom) {
+/// The typed decode of a custom resource: prune by the schema of its version.
+fn normalize_custom(res: &ResourceDef, mut v: Value) -> Result<Value, String> {
+    if let Some(info) = res.custom {
         prune(&mut v, &info.schema, true);
     }
     if v.get("metadata").is_some_and(|m| !m.is_object()) {

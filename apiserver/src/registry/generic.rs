@@ -12,11 +12,10 @@ use rand::Rng;
 use serde_json::{json, Value};
 use storage::{KeyValue, Op, Range, Revision, Store, Txn, TxnOutcome};
 
-use super::{set_at, spec_part, str_at};
+use super::{set_at, spec_part, ClusterConfig};
 use crate::continuetoken::ContinueToken;
 use crate::error::{ApiError, ApiResult, FieldError};
-use crate::ipalloc::{Bitmap, IpRange, PortRange, NODE_PORTS_KEY, SERVICE_IPS_KEY};
-use crate::resources::ResourceDef;
+use crate::registry::{ResourceDef, Sub};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::validation::validate_object_meta;
 
@@ -73,10 +72,10 @@ pub enum UpdateKind {
     Main,
     /// PUT/PATCH of `/status`: only status changes.
     Status,
-    /// PUT of `namespaces/<n>/finalize`: only spec.finalizers changes.
-    Finalize,
-    /// PUT/PATCH of `pods/<n>/ephemeralcontainers`: only spec.ephemeralContainers changes.
-    EphemeralContainers,
+    /// PUT/PATCH of a kind's own subresource (`namespaces/<n>/finalize`,
+    /// `pods/<n>/ephemeralcontainers`): what the strategy's `prepare_subresource_update`
+    /// lets it change.
+    Subresource(Sub),
     /// A server-side change built from the stored object (binding, scale).
     Internal,
 }
@@ -100,8 +99,8 @@ pub const MAX_RETRIES: usize = 200;
 
 pub struct Registry {
     pub store: Arc<dyn Store>,
-    pub ip_range: IpRange,
-    pub port_range: PortRange,
+    /// Cluster-wide settings the strategies' hooks get.
+    pub config: ClusterConfig,
     /// Which namespaces exist: the create path's namespace check without a storage read.
     pub namespaces: Arc<crate::nscache::NamespaceCache>,
 }
@@ -346,9 +345,9 @@ fn unknown_fields_at(input: &Value, normalized: &Value, path: &mut String, out: 
 }
 
 impl Registry {
-    pub fn new(store: Arc<dyn Store>, ip_range: IpRange, port_range: PortRange) -> Self {
+    pub fn new(store: Arc<dyn Store>, config: ClusterConfig) -> Self {
         let namespaces = Arc::new(crate::nscache::NamespaceCache::new(store.clone()));
-        Registry { store, ip_range, port_range, namespaces }
+        Registry { store, config, namespaces }
     }
 
     /// Every write goes through here: namespace writes are noted for the namespace cache.
@@ -388,7 +387,7 @@ impl Registry {
             }
         }
         let input = body.clone();
-        let normalized = (res.normalize)(body).map_err(|e| {
+        let normalized = (res.normalize)(res, body).map_err(|e| {
             ApiError::bad_request(format!(
                 "{} in version \"{}\" cannot be handled as a {}: {e}",
                 res.kind, res.version, res.kind
@@ -648,39 +647,6 @@ impl Registry {
         Ok(())
     }
 
-    // ------------------------------------------------------------------ namespaces
-
-    /// Objects may be created only in an existing, non-terminating namespace.
-    pub async fn check_namespace(&self, res: &ResourceDef, ns: &str, name: &str) -> ApiResult<()> {
-        if !res.namespaced || self.namespaces.known_active(ns) {
-            return Ok(());
-        }
-        let key = format!("/registry/namespaces/{ns}");
-        let Some(kv) = self.store.get(&key).await?.1 else {
-            return Err(ApiError::not_found("", "namespaces", ns));
-        };
-        let nsobj = decode(&kv)?;
-        let terminating = nsobj.pointer("/metadata/deletionTimestamp").is_some()
-            || str_at(&nsobj, "/status/phase") == Some("Terminating");
-        if terminating {
-            let mut e = ApiError::forbidden(
-                res.group,
-                res.plural,
-                name,
-                &format!("unable to create new content in namespace {ns} because it is being terminated"),
-            );
-            if let Some(d) = e.details.as_mut() {
-                d.causes.push(FieldError {
-                    reason: "NamespaceTerminating",
-                    field: "metadata.namespace".into(),
-                    message: format!("namespace {ns} is being terminated"),
-                });
-            }
-            return Err(e);
-        }
-        Ok(())
-    }
-
     // ------------------------------------------------------------------ create
 
     pub async fn create(&self, res: &ResourceDef, ns: &str, body: Value, opts: &WriteOptions) -> ApiResult<Outcome> {
@@ -735,7 +701,7 @@ impl Registry {
         }
         // Only a generated name or an address allocation can make an attempt fail and retry:
         // otherwise the one attempt takes the object instead of a copy.
-        let retries = !name_given || strategy.allocates_service_addresses();
+        let retries = !name_given || !strategy.transaction_keys().is_empty();
         let mut template = Some(obj);
         for attempt in 0..MAX_RETRIES {
             let next = if retries { template.clone() } else { template.take() };
@@ -750,14 +716,14 @@ impl Registry {
             if !errs.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, &name, errs));
             }
-            self.check_namespace(res, ns, &name).await?;
+            if res.namespaced {
+                self.namespaces.admit_create(res, ns, &name).await?;
+            }
             let key = key_of(res, ns, &name);
             let (mut compares, mut ops) = (vec![(key.clone(), 0)], vec![]);
-            if strategy.allocates_service_addresses() {
-                let (c, o) = self.allocate_service(res, Some(&mut obj), None).await?;
-                compares.extend(c);
-                ops.extend(o);
-            }
+            let (c, o) = self.side_writes(res, None, Some(&mut obj)).await?;
+            compares.extend(c);
+            ops.extend(o);
             if opts.dry_run {
                 if self.store.get(&key).await?.1.is_some() {
                     return Err(ApiError::already_exists(res.group, res.plural, &name));
@@ -906,12 +872,11 @@ impl Registry {
                         }
                     }
                 }
-                UpdateKind::Finalize => {
-                    let fins = new.pointer("/spec/finalizers").cloned().unwrap_or(json!([]));
-                    new = old.clone();
-                    set_at(&mut new, "/spec/finalizers", fins);
+                UpdateKind::Subresource(sub) => {
+                    new = strategy.prepare_subresource_update(sub, &new, &old).ok_or_else(|| {
+                        ApiError::not_found_message(format!("{}/{} is not served", res.plural, sub.name()))
+                    })?
                 }
-                UpdateKind::EphemeralContainers => new = crate::registry::pod::with_ephemeral_containers(&old, &new),
                 UpdateKind::Internal => {}
             }
             // Server-owned metadata comes from the stored object.
@@ -964,17 +929,15 @@ impl Registry {
             match kind {
                 UpdateKind::Main => errs.extend(strategy.validate_update(&new, &old)),
                 UpdateKind::Internal => errs.extend(strategy.validate(&new)),
-                UpdateKind::EphemeralContainers => {
-                    errs.extend(crate::registry::pod::validate_ephemeral_containers_update(&new, &old))
-                }
-                UpdateKind::Status | UpdateKind::Finalize => {}
+                UpdateKind::Subresource(sub) => errs.extend(strategy.validate_subresource_update(sub, &new, &old)),
+                UpdateKind::Status => {}
             }
             if !errs.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, name, errs));
             }
             let (mut compares, mut ops) = (vec![(key.clone(), kv.mod_revision)], vec![]);
-            if strategy.allocates_service_addresses() && kind == UpdateKind::Main {
-                let (c, o) = self.allocate_service(res, Some(&mut new), Some(&old)).await?;
+            if kind == UpdateKind::Main {
+                let (c, o) = self.side_writes(res, Some(&old), Some(&mut new)).await?;
                 compares.extend(c);
                 ops.extend(o);
             }
@@ -991,12 +954,10 @@ impl Registry {
                 return Ok(Outcome { object: new, warnings: vec![], json: None });
             }
             if delete_now {
-                if strategy.allocates_service_addresses() {
-                    let (c, o) = self.allocate_service(res, None, Some(&old)).await?;
-                    compares = vec![(key.clone(), kv.mod_revision)];
-                    compares.extend(c);
-                    ops = o;
-                }
+                let (c, o) = self.side_writes(res, Some(&old), None).await?;
+                compares = vec![(key.clone(), kv.mod_revision)];
+                compares.extend(c);
+                ops = o;
                 ops.push(Op::Delete { key: key.clone() });
             } else {
                 ops.push(Op::Put { key: key.clone(), value: new_bytes });
@@ -1035,12 +996,7 @@ impl Registry {
         let out = self
             .guaranteed_update(res, ns, name, kind, opts, |current| {
                 let Some(current) = current else { return Ok(None) };
-                let patched = crate::patch::apply(ptype, current, body, (res.group, res.version, res.kind)).map_err(
-                    |e| match e {
-                        crate::patch::PatchError::Decode(m) => ApiError::bad_request(m),
-                        crate::patch::PatchError::Apply(m) => ApiError::new(422, "Invalid", m),
-                    },
-                )?;
+                let patched = crate::patch::apply(ptype, current, body, (res.group, res.version, res.kind))?;
                 let cur_rv = meta_str(current, "resourceVersion").to_string();
                 let new_rv = meta_str(&patched, "resourceVersion").to_string();
                 // A patch that sets resourceVersion makes it a precondition.
@@ -1194,11 +1150,9 @@ impl Registry {
                 return Ok(Deleted::Now(obj));
             }
             let (mut compares, mut ops) = (vec![(key.clone(), kv.mod_revision)], vec![]);
-            if strategy.allocates_service_addresses() {
-                let (c, o) = self.allocate_service(res, None, Some(&obj)).await?;
-                compares.extend(c);
-                ops.extend(o);
-            }
+            let (c, o) = self.side_writes(res, Some(&obj), None).await?;
+            compares.extend(c);
+            ops.extend(o);
             ops.push(Op::Delete { key: key.clone() });
             match self.txn(Txn { compares, ops }).await? {
                 TxnOutcome::Committed { .. } => return Ok(Deleted::Now(obj)),
@@ -1236,131 +1190,33 @@ impl Registry {
         }))
     }
 
-    // ------------------------------------------------------------------ service addresses
+    // ------------------------------------------------------------------ side writes
 
-    /// Compute the allocation changes of a Service create (`new`, None), update (both) or
-    /// delete (None, `old`), filling allocated values into `new`. Returns the compares and
-    /// puts for the bitmaps, to be applied in the same transaction as the Service.
-    pub async fn allocate_service(
+    /// The writes a kind makes beside its object in the same transaction (its strategy's
+    /// `transaction_keys`), with a compare on each key written against the value read.
+    async fn side_writes(
         &self,
         res: &ResourceDef,
-        mut new: Option<&mut Value>,
         old: Option<&Value>,
+        new: Option<&mut Value>,
     ) -> ApiResult<(Vec<(String, Revision)>, Vec<Op>)> {
-        use super::service::{held_ip, held_node_ports, ports_needing_node_port, wants_ip};
-        let name = new.as_deref().or(old).map(|o| meta_str(o, "name").to_string()).unwrap_or_default();
-        let invalid = |field: String, value: Value, msg: String| {
-            ApiError::invalid(res.group, res.kind, &name, vec![FieldError::invalid(field, &value, &msg)])
-        };
-        let mut compares = Vec::new();
-        let mut ops = Vec::new();
-
-        // ---- cluster IP
-        let old_ip = old.and_then(held_ip);
-        let need_random = new.as_deref().is_some_and(wants_ip);
-        let requested_ip = new.as_deref().and_then(held_ip);
-        if need_random || requested_ip != old_ip {
-            let range = &self.ip_range;
-            let (kv, mut bm) = self.read_bitmap(SERVICE_IPS_KEY, &range.text, range.size()).await?;
-            if let Some(ip) = old_ip {
-                if let Some(off) = range.offset(ip) {
-                    bm.set(off, false);
-                }
-            }
-            if let Some(ip) = requested_ip {
-                let shown = json!([ip.to_string()]);
-                let Some(off) = range.offset(ip) else {
-                    return Err(invalid("spec.clusterIPs".into(), shown, format!("failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {}", range.text)));
-                };
-                if bm.get(off) {
-                    return Err(invalid(
-                        "spec.clusterIPs".into(),
-                        shown,
-                        format!("failed to allocate IP {ip}: provided IP is already allocated"),
-                    ));
-                }
-                bm.set(off, true);
-            } else if need_random {
-                // Dynamic allocations prefer the upper part of the range, leaving the lower
-                // band for static IPs (as Kubernetes does).
-                let size = range.size();
-                let lower = (size / 16).clamp(16, 256).min(size / 2);
-                let start = rand::rng().random_range(lower.max(1)..size - 1);
-                let off =
-                    bm.find_free(lower.max(1), size - 1, start).or_else(|| bm.find_free(1, size - 1, 1)).ok_or_else(
-                        || ApiError::internal(format!("failed to allocate a serviceIP: range {} is full", range.text)),
-                    )?;
-                bm.set(off, true);
-                let ip = range.ip_at(off).to_string();
-                if let Some(n) = new.as_deref_mut() {
-                    set_at(n, "/spec/clusterIP", json!(ip));
-                    set_at(n, "/spec/clusterIPs", json!([ip]));
-                }
-            }
-            compares.push((SERVICE_IPS_KEY.to_string(), kv.map_or(0, |kv| kv.mod_revision)));
-            ops.push(Op::Put { key: SERVICE_IPS_KEY.into(), value: bm.encode(&range.text) });
+        let keys = res.strategy.transaction_keys();
+        if keys.is_empty() {
+            return Ok((vec![], vec![]));
         }
-        if let Some(n) = new.as_deref_mut() {
-            if let Some(ip) = str_at(n, "/spec/clusterIP").map(String::from) {
-                if n.pointer("/spec/clusterIPs").is_none() && !ip.is_empty() {
-                    set_at(n, "/spec/clusterIPs", json!([ip]));
-                }
-            }
+        let mut reads = Vec::with_capacity(keys.len());
+        for k in keys {
+            reads.push(self.store.get(k).await?.1);
         }
-
-        // ---- node ports
-        let old_ports: Vec<i64> = old.map(held_node_ports).unwrap_or_default().into_iter().map(|(_, p)| p).collect();
-        let new_held: Vec<(usize, i64)> = new.as_deref().map(held_node_ports).unwrap_or_default();
-        let needing = new.as_deref().map(ports_needing_node_port).unwrap_or_default();
-        let new_ports: Vec<i64> = new_held.iter().map(|(_, p)| *p).collect();
-        let claims: Vec<(usize, i64)> = new_held.iter().copied().filter(|(_, p)| !old_ports.contains(p)).collect();
-        let releases: Vec<i64> = old_ports.iter().copied().filter(|p| !new_ports.contains(p)).collect();
-        if !claims.is_empty() || !releases.is_empty() || !needing.is_empty() {
-            let range = &self.port_range;
-            let text = range.text();
-            let (kv, mut bm) = self.read_bitmap(NODE_PORTS_KEY, &text, range.size()).await?;
-            for p in releases {
-                if let Some(off) = range.offset(p) {
-                    bm.set(off, false);
-                }
-            }
-            for (i, p) in claims {
-                let field = format!("spec.ports[{i}].nodePort");
-                let Some(off) = range.offset(p) else {
-                    return Err(invalid(
-                        field,
-                        json!(p),
-                        format!("provided port is not in the valid range. The range of valid ports is {text}"),
-                    ));
-                };
-                if bm.get(off) {
-                    return Err(invalid(field, json!(p), "provided port is already allocated".into()));
-                }
-                bm.set(off, true);
-            }
-            for i in needing {
-                let start = rand::rng().random_range(0..range.size());
-                let off = bm.find_free(0, range.size(), start).ok_or_else(|| {
-                    invalid(format!("spec.ports[{i}].nodePort"), Value::Null, format!("range {text} is full"))
-                })?;
-                bm.set(off, true);
-                if let Some(n) = new.as_deref_mut() {
-                    set_at(n, &format!("/spec/ports/{i}/nodePort"), json!(range.base as i64 + off as i64));
-                }
-            }
-            compares.push((NODE_PORTS_KEY.to_string(), kv.map_or(0, |kv| kv.mod_revision)));
-            ops.push(Op::Put { key: NODE_PORTS_KEY.into(), value: bm.encode(&text) });
-        }
+        let ops = res.strategy.transaction_writes(&self.config, &reads, old, new)?;
+        let compares = ops
+            .iter()
+            .filter_map(|op| {
+                let i = keys.iter().position(|k| *k == op.key())?;
+                Some((keys[i].to_string(), reads[i].as_ref().map_or(0, |kv| kv.mod_revision)))
+            })
+            .collect();
         Ok((compares, ops))
-    }
-
-    async fn read_bitmap(&self, key: &str, range: &str, size: usize) -> ApiResult<(Option<KeyValue>, Bitmap)> {
-        let kv = self.store.get(key).await?.1;
-        let bm = match &kv {
-            Some(kv) => Bitmap::decode(&kv.value, range, size).map_err(ApiError::internal)?,
-            None => Bitmap::new(size),
-        };
-        Ok((kv, bm))
     }
 }
 

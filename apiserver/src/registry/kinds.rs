@@ -9,6 +9,7 @@ use super::service::ServiceStrategy;
 use super::workloads::{Workload, WorkloadStrategy};
 use super::{common_field_value, default_at, str_at, Strategy};
 use crate::error::FieldError;
+use crate::registry::Sub;
 use crate::validation::{dns1123_subdomain_errors, NameRule};
 
 pub static POD: PodStrategy = PodStrategy;
@@ -119,6 +120,15 @@ pub struct NamespaceStrategy;
 impl Strategy for NamespaceStrategy {
     fn name_rule(&self) -> NameRule {
         NameRule::Dns1123Label
+    }
+    /// `namespaces/<n>/finalize` changes only `spec.finalizers` (the namespace controller
+    /// removes `kubernetes` once the namespace is empty).
+    fn prepare_subresource_update(&self, sub: Sub, new: &Value, old: &Value) -> Option<Value> {
+        (sub == Sub::Finalize).then(|| {
+            let mut out = old.clone();
+            super::set_at(&mut out, "/spec/finalizers", new.pointer("/spec/finalizers").cloned().unwrap_or(json!([])));
+            out
+        })
     }
     fn prepare_for_create(&self, obj: &mut Value) {
         default_at(obj, "/spec/finalizers", json!(["kubernetes"]));

@@ -2,8 +2,10 @@
 //! ([`kinds`]) saying only what is special about it — Kubernetes' registry/strategy idea.
 
 use serde_json::{Map, Value};
+use storage::{KeyValue, Op};
 
-use crate::error::FieldError;
+use crate::error::{ApiResult, FieldError};
+use crate::ipalloc::{IpRange, PortRange};
 use crate::validation::NameRule;
 
 pub mod apply;
@@ -11,8 +13,131 @@ pub mod crd;
 pub mod generic;
 pub mod kinds;
 pub mod pod;
+pub mod scale;
 pub mod service;
 pub mod workloads;
+
+// ------------------------------------------------------------------ resource definitions
+
+/// Decode into the k8s-openapi type and re-encode: rejects wrong shapes (with a field
+/// path) and drops unknown fields, as Kubernetes' typed decoding does.
+pub type NormalizeFn = fn(&ResourceDef, Value) -> Result<Value, String>;
+
+/// The OpenAPI schema of the kind: a `$ref` into the generator's definitions (only the
+/// generator of the committed OpenAPI documents, a test, calls it).
+#[cfg(test)]
+pub type SchemaFn = fn(&mut schemars::SchemaGenerator) -> schemars::Schema;
+
+pub fn normalize_as<T>(_res: &ResourceDef, v: Value) -> Result<Value, String>
+where
+    T: serde::de::DeserializeOwned + serde::Serialize,
+{
+    // Fast path without path tracking; only a failure is decoded again for its path.
+    let typed: T = match T::deserialize(&v) {
+        Ok(t) => t,
+        Err(_) => serde_path_to_error::deserialize(&v).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path.is_empty() || path == "." {
+                inner.to_string()
+            } else {
+                format!("{path}: {inner}")
+            }
+        })?,
+    };
+    serde_json::to_value(&typed).map_err(|e| e.to_string())
+}
+
+/// What a CustomResourceDefinition adds to a served resource.
+#[derive(Debug)]
+pub struct CustomInfo {
+    /// additionalPrinterColumns: (name, type, jsonPath, priority).
+    pub printer_columns: Vec<(String, String, String, i64)>,
+    /// The version's openAPIV3Schema.
+    pub schema: Value,
+    /// The CRD is being deleted: its objects are served for reads, updates and deletes
+    /// while they are removed, but no new ones are created.
+    pub terminating: bool,
+}
+
+/// A subresource of a resource, e.g. `pods/status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sub {
+    Status,
+    Scale,
+    Binding,
+    Eviction,
+    Finalize,
+    /// `pods/ephemeralcontainers`: only `spec.ephemeralContainers` changes (`kubectl debug`).
+    EphemeralContainers,
+    /// Listed in discovery, served by a later part of the system (log, exec, proxy …).
+    NotYetServed(&'static str, &'static str),
+}
+
+impl Sub {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Sub::Status => "status",
+            Sub::Scale => "scale",
+            Sub::Binding => "binding",
+            Sub::Eviction => "eviction",
+            Sub::Finalize => "finalize",
+            Sub::EphemeralContainers => "ephemeralcontainers",
+            Sub::NotYetServed(n, _) => n,
+        }
+    }
+}
+
+pub const VERBS_ALL: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+
+/// One served resource at one group/version.
+pub struct ResourceDef {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub short_names: &'static [&'static str],
+    pub categories: &'static [&'static str],
+    pub namespaced: bool,
+    pub subresources: &'static [Sub],
+    /// The storage prefix segment (`/registry/<storage>/...`). Two versions of one
+    /// resource share it.
+    pub storage: &'static str,
+    pub strategy: &'static dyn Strategy,
+    pub normalize: NormalizeFn,
+    #[cfg(test)]
+    pub schema: SchemaFn,
+    /// Set for resources served from a CustomResourceDefinition.
+    pub custom: Option<&'static CustomInfo>,
+}
+
+impl std::fmt::Debug for ResourceDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} {}", self.group, self.version, self.plural)
+    }
+}
+
+impl ResourceDef {
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+    pub fn has_sub(&self, s: &str) -> Option<Sub> {
+        self.subresources.iter().copied().find(|x| x.name() == s)
+    }
+    pub fn has_status(&self) -> bool {
+        self.subresources.contains(&Sub::Status)
+    }
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+}
+
+// ------------------------------------------------------------------ strategies
 
 /// What is special about one kind. Every method is pure; the generic store does the I/O.
 pub trait Strategy: Send + Sync + 'static {
@@ -76,14 +201,46 @@ pub trait Strategy: Send + Sync + 'static {
     }
     /// Called when the object is marked for deletion (deletionTimestamp set).
     fn on_deletion_marked(&self, _obj: &mut Value) {}
-    /// Service IP / node port allocation applies to this kind.
-    fn allocates_service_addresses(&self) -> bool {
-        false
+    /// A write to one of the kind's own subresources other than `status` and `scale` (which
+    /// the store handles alike for every kind): the stored object `old` with what `new` may
+    /// change through `sub` (Namespace `finalize`: `spec.finalizers`; Pod
+    /// `ephemeralcontainers`). None: the kind has no such subresource.
+    fn prepare_subresource_update(&self, _sub: Sub, _new: &Value, _old: &Value) -> Option<Value> {
+        None
+    }
+    /// Validation of a subresource write prepared by `prepare_subresource_update`.
+    fn validate_subresource_update(&self, _sub: Sub, _new: &Value, _old: &Value) -> Vec<FieldError> {
+        vec![]
+    }
+    /// Storage keys the kind's writes change in the same transaction as the object itself
+    /// (Service: the cluster-IP and node-port allocation bitmaps).
+    fn transaction_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// The writes of those keys for a create (`old` None), an update, or a delete (`new`
+    /// None), given their current values (`reads[i]` is `transaction_keys()[i]`); may fill
+    /// what it allocated into `new`. The store compares every written key against the value
+    /// read, so a concurrent change makes the whole write retry.
+    fn transaction_writes(
+        &self,
+        _cfg: &ClusterConfig,
+        _reads: &[Option<KeyValue>],
+        _old: Option<&Value>,
+        _new: Option<&mut Value>,
+    ) -> ApiResult<Vec<Op>> {
+        Ok(vec![])
     }
     /// The scale subresource: (spec.replicas, status.replicas, label selector string).
     fn scale_info(&self, _obj: &Value) -> Option<ScaleInfo> {
         None
     }
+}
+
+/// The cluster-wide settings strategies may need (kube-apiserver's flags of the same names).
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub service_cluster_ip_range: IpRange,
+    pub service_node_port_range: PortRange,
 }
 
 #[derive(Clone, Debug)]

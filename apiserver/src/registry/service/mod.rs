@@ -1,14 +1,17 @@
-//! Services: defaults, validation, and the pure part of address allocation (which IPs and
-//! ports a create/update needs and which it frees). The generic store applies the result to
-//! the bitmaps in storage.
+//! Services: defaults, validation, and cluster IP / node port allocation ([`allocation`],
+//! written in the same transaction as the Service through the strategy's transaction hook).
+
+pub mod allocation;
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
 use serde_json::{json, Value};
 
-use super::{common_field_value, default_at, str_at, Strategy};
-use crate::error::FieldError;
+use storage::{KeyValue, Op};
+
+use super::{common_field_value, default_at, str_at, ClusterConfig, Strategy};
+use crate::error::{ApiResult, FieldError};
 use crate::validation::NameRule;
 
 pub struct ServiceStrategy;
@@ -250,8 +253,17 @@ impl Strategy for ServiceStrategy {
     fn allow_create_on_update(&self) -> bool {
         true
     }
-    fn allocates_service_addresses(&self) -> bool {
-        true
+    fn transaction_keys(&self) -> &'static [&'static str] {
+        allocation::KEYS
+    }
+    fn transaction_writes(
+        &self,
+        cfg: &ClusterConfig,
+        reads: &[Option<KeyValue>],
+        old: Option<&Value>,
+        new: Option<&mut Value>,
+    ) -> ApiResult<Vec<Op>> {
+        allocation::writes(cfg, reads, old, new)
     }
 }
 

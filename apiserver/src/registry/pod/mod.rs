@@ -1,5 +1,12 @@
-//! Pods: pod-spec defaults and validation (shared with every pod template), and the Pod
-//! strategy.
+//! The Pod's one home, as Kubernetes keeps `pkg/registry/core/pod/`: pod-spec defaults and
+//! validation (shared with every pod template), the Pod strategy with its
+//! `ephemeralcontainers` subresource (here), and the Pod's other subresources —
+//! [`binding`] (the scheduler's placement), [`eviction`] (deletion within disruption
+//! budgets), [`proxy`] (`log`, `exec`, `attach`, `portforward` through the node's kubelet).
+
+pub mod binding;
+pub mod eviction;
+pub mod proxy;
 
 use std::collections::HashSet;
 
@@ -7,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::{common_field_value, default_at, str_at, Strategy};
 use crate::error::FieldError;
+use crate::registry::Sub;
 use crate::validation::{dns1123_label_errors, dns1123_subdomain_errors};
 
 /// Kubernetes' defaults for a PodSpec (pkg/apis/core/v1/defaults.go), in place.
@@ -342,6 +350,12 @@ const POD_MUTABLE_SPEC: &[&str] =
     &["activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds", "schedulingGates"];
 
 impl Strategy for PodStrategy {
+    fn prepare_subresource_update(&self, sub: Sub, new: &Value, old: &Value) -> Option<Value> {
+        (sub == Sub::EphemeralContainers).then(|| with_ephemeral_containers(old, new))
+    }
+    fn validate_subresource_update(&self, _sub: Sub, new: &Value, old: &Value) -> Vec<FieldError> {
+        validate_ephemeral_containers_update(new, old)
+    }
     fn prepare_for_create(&self, obj: &mut Value) {
         if let Some(spec) = obj.get_mut("spec") {
             default_pod_spec(spec);

@@ -1,5 +1,4 @@
-//! `pods/eviction` against PodDisruptionBudgets, as Kubernetes' eviction REST
-//! (`pkg/registry/core/pod/storage/eviction.go`) decides it. [`decide`] is pure: given the pod
+//! `pods/eviction` against PodDisruptionBudgets, as Kubernetes' eviction REST decides it. [`decide`] is pure: given the pod
 //! and its namespace's budgets, evict without a budget, consume one (its new status), or
 //! refuse with the Status Kubernetes sends — 429 for a budget that allows no disruption now
 //! (`kubectl drain` retries those), 500 for a pod under several budgets.
@@ -10,7 +9,9 @@
 
 use serde_json::{json, Value};
 
-use crate::error::{ApiError, FieldError};
+use crate::error::{ApiError, ApiResult, FieldError};
+use crate::registry::generic::{now_rfc3339, DeleteOptions, Intent, ListOptions, Registry, UpdateKind, WriteOptions};
+use crate::registry::ResourceDef;
 use crate::selectors::{labels_of, LabelSelector};
 
 /// `DisruptedPods` entries beyond this refuse further evictions (Kubernetes' `MaxDisruptedPodSize`).
@@ -143,6 +144,62 @@ pub fn decide(pod: &Value, pdbs: &[Value], now: &str, dry_run: bool) -> Verdict 
     let resource_version =
         pdb.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
     Verdict::Consume { budget: name, resource_version, status }
+}
+
+/// POST `pods/<name>/eviction`: check the Eviction body, consume the pod's
+/// PodDisruptionBudget or refuse ([`decide`]), then delete the pod with the Eviction's
+/// delete options. The budget's status is written with its resourceVersion as the
+/// precondition, so two evictions never spend the same disruption; a lost race decides again.
+pub async fn evict(
+    reg: &Registry,
+    pods: &ResourceDef,
+    pdbs: &ResourceDef,
+    ns: &str,
+    name: &str,
+    eviction: &Value,
+    opts: &DeleteOptions,
+) -> ApiResult<()> {
+    let body_name = eviction.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    if !body_name.is_empty() && body_name != name {
+        return Err(ApiError::bad_request("name in URL does not match name in Eviction object"));
+    }
+    consume_budget(reg, pods, pdbs, ns, name, opts.dry_run).await?;
+    reg.delete(pods, ns, name, opts).await?;
+    Ok(())
+}
+
+async fn consume_budget(
+    reg: &Registry,
+    pods: &ResourceDef,
+    pdbs: &ResourceDef,
+    ns: &str,
+    name: &str,
+    dry_run: bool,
+) -> ApiResult<()> {
+    for _ in 0..5 {
+        let pod = reg.get(pods, ns, name).await?;
+        let list = reg.list(pdbs, Some(ns), &ListOptions::default()).await?;
+        let items = list.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+        let (budget, read, status) = match decide(&pod, &items, &now_rfc3339(), dry_run) {
+            Verdict::Delete => return Ok(()),
+            Verdict::Refuse(e) => return Err(e),
+            Verdict::Consume { budget, resource_version, status } => (budget, resource_version.parse().ok(), status),
+        };
+        let outcome = reg
+            .guaranteed_update(pdbs, ns, &budget, UpdateKind::Status, &WriteOptions::default(), |current| {
+                let Some(current) = current else { return Ok(None) };
+                let mut new = current.clone();
+                new["status"] = status.clone();
+                Ok(Some(Intent { object: new, precondition: read }))
+            })
+            .await;
+        match outcome {
+            Ok(_) => return Ok(()),
+            Err(e) if e.code == 409 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::new(429, "TooManyRequests", "too many concurrent evictions; please retry"))
 }
 
 #[cfg(test)]

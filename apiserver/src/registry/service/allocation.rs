@@ -1,0 +1,199 @@
+//! Cluster IPs and node ports of Services, allocated in the same storage transaction as the
+//! Service itself: two bitmaps in storage (`ipalloc`), read by the generic store and handed
+//! to [`writes`], which decides what a create, update or delete takes and frees. A
+//! concurrent change of a bitmap makes the whole write retry, so two Services never get one
+//! address. Pure: given the bitmaps, the answer is the new bitmaps.
+
+use rand::Rng;
+use serde_json::{json, Value};
+use storage::{KeyValue, Op};
+
+use super::{held_ip, held_node_ports, ports_needing_node_port, wants_ip};
+use crate::error::{ApiError, ApiResult, FieldError};
+use crate::ipalloc::{Bitmap, NODE_PORTS_KEY, SERVICE_IPS_KEY};
+use crate::registry::{set_at, str_at, ClusterConfig};
+
+/// The keys [`writes`] reads, in this order.
+pub const KEYS: &[&str] = &[SERVICE_IPS_KEY, NODE_PORTS_KEY];
+
+fn bitmap(kv: Option<&KeyValue>, range: &str, size: usize) -> ApiResult<Bitmap> {
+    match kv {
+        Some(kv) => Bitmap::decode(&kv.value, range, size).map_err(ApiError::internal),
+        None => Ok(Bitmap::new(size)),
+    }
+}
+
+/// The bitmap writes of a Service create (`old` None), update, or delete (`new` None),
+/// filling what was allocated into `new`. `reads` holds the current bitmaps ([`KEYS`]).
+pub fn writes(
+    cfg: &ClusterConfig,
+    reads: &[Option<KeyValue>],
+    old: Option<&Value>,
+    mut new: Option<&mut Value>,
+) -> ApiResult<Vec<Op>> {
+    let name = new.as_deref().or(old).and_then(|o| str_at(o, "/metadata/name")).unwrap_or_default().to_string();
+    let invalid = |field: String, value: Value, msg: String| {
+        ApiError::invalid("", "Service", &name, vec![FieldError::invalid(field, &value, &msg)])
+    };
+    let mut ops = Vec::new();
+
+    // ---- cluster IP
+    let old_ip = old.and_then(held_ip);
+    let need_random = new.as_deref().is_some_and(wants_ip);
+    let requested_ip = new.as_deref().and_then(held_ip);
+    if need_random || requested_ip != old_ip {
+        let range = &cfg.service_cluster_ip_range;
+        let mut bm = bitmap(reads.first().and_then(Option::as_ref), &range.text, range.size())?;
+        if let Some(ip) = old_ip {
+            if let Some(off) = range.offset(ip) {
+                bm.set(off, false);
+            }
+        }
+        if let Some(ip) = requested_ip {
+            let shown = json!([ip.to_string()]);
+            let Some(off) = range.offset(ip) else {
+                return Err(invalid(
+                    "spec.clusterIPs".into(),
+                    shown,
+                    format!(
+                        "failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid range. The range of valid IPs is {}",
+                        range.text
+                    ),
+                ));
+            };
+            if bm.get(off) {
+                return Err(invalid(
+                    "spec.clusterIPs".into(),
+                    shown,
+                    format!("failed to allocate IP {ip}: provided IP is already allocated"),
+                ));
+            }
+            bm.set(off, true);
+        } else if need_random {
+            // Dynamic allocations prefer the upper part of the range, leaving the lower band
+            // for static IPs (as Kubernetes does).
+            let size = range.size();
+            let lower = (size / 16).clamp(16, 256).min(size / 2);
+            let start = rand::rng().random_range(lower.max(1)..size - 1);
+            let off = bm.find_free(lower.max(1), size - 1, start).or_else(|| bm.find_free(1, size - 1, 1)).ok_or_else(
+                || ApiError::internal(format!("failed to allocate a serviceIP: range {} is full", range.text)),
+            )?;
+            bm.set(off, true);
+            let ip = range.ip_at(off).to_string();
+            if let Some(n) = new.as_deref_mut() {
+                set_at(n, "/spec/clusterIP", json!(ip));
+                set_at(n, "/spec/clusterIPs", json!([ip]));
+            }
+        }
+        ops.push(Op::Put { key: SERVICE_IPS_KEY.into(), value: bm.encode(&range.text) });
+    }
+    if let Some(n) = new.as_deref_mut() {
+        if let Some(ip) = str_at(n, "/spec/clusterIP").map(String::from) {
+            if n.pointer("/spec/clusterIPs").is_none() && !ip.is_empty() {
+                set_at(n, "/spec/clusterIPs", json!([ip]));
+            }
+        }
+    }
+
+    // ---- node ports
+    let old_ports: Vec<i64> = old.map(held_node_ports).unwrap_or_default().into_iter().map(|(_, p)| p).collect();
+    let new_held: Vec<(usize, i64)> = new.as_deref().map(held_node_ports).unwrap_or_default();
+    let needing = new.as_deref().map(ports_needing_node_port).unwrap_or_default();
+    let new_ports: Vec<i64> = new_held.iter().map(|(_, p)| *p).collect();
+    let claims: Vec<(usize, i64)> = new_held.iter().copied().filter(|(_, p)| !old_ports.contains(p)).collect();
+    let releases: Vec<i64> = old_ports.iter().copied().filter(|p| !new_ports.contains(p)).collect();
+    if !claims.is_empty() || !releases.is_empty() || !needing.is_empty() {
+        let range = &cfg.service_node_port_range;
+        let text = range.text();
+        let mut bm = bitmap(reads.get(1).and_then(Option::as_ref), &text, range.size())?;
+        for p in releases {
+            if let Some(off) = range.offset(p) {
+                bm.set(off, false);
+            }
+        }
+        for (i, p) in claims {
+            let field = format!("spec.ports[{i}].nodePort");
+            let Some(off) = range.offset(p) else {
+                return Err(invalid(
+                    field,
+                    json!(p),
+                    format!("provided port is not in the valid range. The range of valid ports is {text}"),
+                ));
+            };
+            if bm.get(off) {
+                return Err(invalid(field, json!(p), "provided port is already allocated".into()));
+            }
+            bm.set(off, true);
+        }
+        for i in needing {
+            let start = rand::rng().random_range(0..range.size());
+            let off = bm.find_free(0, range.size(), start).ok_or_else(|| {
+                invalid(format!("spec.ports[{i}].nodePort"), Value::Null, format!("range {text} is full"))
+            })?;
+            bm.set(off, true);
+            if let Some(n) = new.as_deref_mut() {
+                set_at(n, &format!("/spec/ports/{i}/nodePort"), json!(range.base as i64 + off as i64));
+            }
+        }
+        ops.push(Op::Put { key: NODE_PORTS_KEY.into(), value: bm.encode(&text) });
+    }
+    Ok(ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipalloc::{IpRange, PortRange};
+
+    fn cfg() -> ClusterConfig {
+        ClusterConfig {
+            service_cluster_ip_range: IpRange::parse("10.96.0.0/28").unwrap(),
+            service_node_port_range: PortRange::parse("30000-30003").unwrap(),
+        }
+    }
+
+    fn stored(op: &Op) -> Option<KeyValue> {
+        match op {
+            Op::Put { key, value } => {
+                Some(KeyValue { key: key.clone(), value: value.clone(), create_revision: 1, mod_revision: 1 })
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_create_takes_an_ip_and_node_ports_that_a_second_cannot_take_and_a_delete_frees_them() {
+        let cfg = cfg();
+        let mut svc = json!({"metadata": {"name": "a"}, "spec": {"type": "NodePort", "ports": [{"port": 80}]}});
+        let ops = writes(&cfg, &[None, None], None, Some(&mut svc)).unwrap();
+        assert_eq!(ops.len(), 2);
+        let ip = svc["spec"]["clusterIP"].as_str().unwrap().to_string();
+        assert_eq!(svc["spec"]["clusterIPs"], json!([ip]));
+        let port = svc["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
+        assert!((30000..=30003).contains(&port));
+        let reads: Vec<Option<KeyValue>> = ops.iter().map(stored).collect();
+
+        let mut same = json!({"metadata": {"name": "b"}, "spec": {"type": "NodePort", "clusterIP": ip, "ports": [{"port": 80, "nodePort": port}]}});
+        let err = writes(&cfg, &reads, None, Some(&mut same)).unwrap_err();
+        assert_eq!(err.code, 422);
+        assert!(err.message.contains("provided IP is already allocated"), "{}", err.message);
+
+        let freed = writes(&cfg, &reads, Some(&svc), None).unwrap();
+        let reads: Vec<Option<KeyValue>> = freed.iter().map(stored).collect();
+        assert!(writes(&cfg, &reads, None, Some(&mut same)).is_ok(), "freed by the delete");
+    }
+
+    #[test]
+    fn an_update_that_keeps_its_addresses_writes_nothing() {
+        let svc = json!({"metadata": {"name": "a"}, "spec": {"clusterIP": "10.96.0.5", "ports": [{"port": 80}]}});
+        let mut new = svc.clone();
+        assert!(writes(&cfg(), &[None, None], Some(&svc), Some(&mut new)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_address_outside_the_range_is_refused_with_the_range() {
+        let mut svc = json!({"metadata": {"name": "a"}, "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}});
+        let err = writes(&cfg(), &[None, None], None, Some(&mut svc)).unwrap_err();
+        assert!(err.message.contains("The range of valid IPs is 10.96.0.0/28"), "{}", err.message);
+    }
+}

@@ -293,7 +293,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         k::batch::v1::CronJob
     ),
     // autoscaling/v2 (storage version), then autoscaling/v1: a converted view of the same storage
-    // (crate::hpaview, served by server::converted_view)
+    // (crate::hpaview, served through server.rs's Codec)
     res!(
         "autoscaling",
         "v2",

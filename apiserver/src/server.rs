@@ -19,7 +19,7 @@ use crate::error::{ApiError, ApiResult, FieldError};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::patch::PatchType;
 use crate::registry::generic::{
-    key_of, prefix_of, DeleteOptions, Deleted, FieldValidation, Intent, ListOptions, Registry, UpdateKind, WriteOptions,
+    key_of, prefix_of, DeleteOptions, Deleted, FieldValidation, ListOptions, Registry, UpdateKind, WriteOptions,
 };
 use crate::registry::pod;
 use crate::registry::scale::ScaleWrite;
@@ -449,6 +449,97 @@ fn wants_table(headers: &HeaderMap) -> bool {
 
 // ------------------------------------------------------------------ resources
 
+/// How the version a client addresses relates to what is stored. Most resources are stored
+/// as they are served; a converted view (events.k8s.io/v1 over core/v1 Events,
+/// autoscaling/v1 over autoscaling/v2 HPAs: `views.rs`) is stored as another version and
+/// converted on the way in and out. Everything else about a request is the same, so there
+/// is one request path and this is its decode/encode step.
+#[derive(Clone, Copy)]
+struct Codec {
+    /// What the URL addresses.
+    served: &'static ResourceDef,
+    /// Where it is stored (tables are rendered from the stored form).
+    stored: &'static ResourceDef,
+    view: Option<&'static crate::views::View>,
+}
+
+impl Codec {
+    fn of(served: &'static ResourceDef) -> ApiResult<Self> {
+        let Some(view) = crate::views::of(served) else { return Ok(Codec { served, stored: served, view: None }) };
+        let (g, v, p) = view.storage;
+        let stored = resources::find(g, v, p).ok_or_else(|| ApiError::internal("no storage resource for the view"))?;
+        Ok(Codec { served, stored, view: Some(view) })
+    }
+
+    /// A stored object as the client's version.
+    fn out(&self, obj: Value) -> Value {
+        match self.view {
+            Some(v) => (v.to_view)(&obj),
+            None => obj,
+        }
+    }
+
+    fn out_list(&self, mut list: Value) -> Value {
+        let Some(v) = self.view else { return list };
+        if let Some(items) = list.get_mut("items").and_then(Value::as_array_mut) {
+            for i in items.iter_mut() {
+                *i = (v.to_view)(i);
+            }
+        }
+        list["apiVersion"] = json!(v.api_version());
+        list["kind"] = json!(format!("{}List", v.kind));
+        list
+    }
+
+    /// A body in the client's version, as the stored version: typed check (unknown fields
+    /// as warnings) as the served version, then converted. A stored resource's body goes to
+    /// the store as it came (the store checks it).
+    fn incoming(
+        &self,
+        reg: &Registry,
+        ns: Option<&str>,
+        obj: Value,
+        fv: FieldValidation,
+    ) -> ApiResult<(Value, Vec<String>)> {
+        let Some(v) = self.view else { return Ok((obj, vec![])) };
+        let (obj, warnings) = reg.decode_body(self.served, ns, obj, fv)?;
+        let stored = (v.from_view)(&obj).map_err(|e| {
+            ApiError::bad_request(format!(
+                "{} in version \"{}\" cannot be handled as a {}: {e}",
+                v.kind, v.version, v.kind
+            ))
+        })?;
+        Ok((stored, warnings))
+    }
+
+    /// List options with field-selector fields named as stored.
+    fn list_options(&self, query: &HashMap<String, String>) -> ApiResult<ListOptions> {
+        let mut opts = list_options(query)?;
+        if let Some(v) = self.view {
+            for r in opts.field_selector.requirements.iter_mut() {
+                r.field = (v.field)(&r.field);
+            }
+        }
+        Ok(opts)
+    }
+
+    /// The answer for one object: a one-row Table (from the stored form), or the object in
+    /// the client's version.
+    fn respond(
+        &self,
+        code: StatusCode,
+        obj: Value,
+        table: bool,
+        query: &HashMap<String, String>,
+        warnings: &[String],
+    ) -> Response {
+        if table {
+            return respond_object(code, self.stored, obj, true, query, warnings);
+        }
+        json_response(code, &self.out(obj), warnings)
+    }
+}
+
 async fn resource_request(
     state: &Arc<AppState>,
     method: &Method,
@@ -457,20 +548,18 @@ async fn resource_request(
     rp: ResourcePath,
     body: Body,
 ) -> ApiResult<Response> {
-    let Some(res) = resources::find(&rp.group, &rp.version, &rp.resource) else {
+    let Some(served) = resources::find(&rp.group, &rp.version, &rp.resource) else {
         return Err(not_found_path());
     };
-    if !res.namespaced && rp.namespace.is_some() {
+    if (!served.namespaced && rp.namespace.is_some())
+        || (served.namespaced && rp.namespace.is_none() && rp.name.is_some())
+    {
         return Err(not_found_path());
     }
-    if let Some(view) = crate::views::of(res) {
-        return converted_view(state, method, headers, query, rp, body, res, view).await;
-    }
-    if res.namespaced && rp.namespace.is_none() && rp.name.is_some() {
-        return Err(not_found_path());
-    }
+    let codec = Codec::of(served)?;
+    let res = codec.stored;
     let sub = match &rp.subresource {
-        Some(s) => Some(res.has_sub(s).ok_or_else(not_found_path)?),
+        Some(s) => Some(served.has_sub(s).ok_or_else(not_found_path)?),
         None => None,
     };
     let watch_param = q_bool(query, "watch")?.unwrap_or(false);
@@ -492,30 +581,32 @@ async fn resource_request(
     let name = rp.name.clone().unwrap_or_default();
     let reg = &state.registry;
     let table = wants_table(headers);
+    // Stored as served and no table asked for: the stored bytes answer as they are.
+    let raw_ok = codec.view.is_none() && !table;
 
     match (verb, sub) {
         // ---- main resource
         ("get", None) => {
-            if !table {
+            if raw_ok {
                 // The stored JSON with its resourceVersion spliced in: no decode/encode.
                 return Ok(json_bytes_response(StatusCode::OK, reg.get_json(res, &ns, &name).await?, &[]));
             }
-            let obj = reg.get(res, &ns, &name).await?;
-            Ok(respond_object(StatusCode::OK, res, obj, table, query, &[]))
+            Ok(codec.respond(StatusCode::OK, reg.get(res, &ns, &name).await?, table, query, &[]))
         }
         ("list", None) => {
-            if !table {
-                let list = reg.list_json(res, rp.namespace.as_deref(), &list_options(query)?).await?;
+            let opts = codec.list_options(query)?;
+            if raw_ok {
+                let list = reg.list_json(res, rp.namespace.as_deref(), &opts).await?;
                 return Ok(json_bytes_response(StatusCode::OK, list, &[]));
             }
-            let list = reg.list(res, rp.namespace.as_deref(), &list_options(query)?).await?;
+            let list = reg.list(res, rp.namespace.as_deref(), &opts).await?;
             if table {
                 return Ok(json_response(StatusCode::OK, &crate::table::to_table(res, &list, query), &[]));
             }
-            Ok(json_response(StatusCode::OK, &list, &[]))
+            Ok(json_response(StatusCode::OK, &codec.out_list(list), &[]))
         }
         ("watch", None) => {
-            let mut opts = list_options(query)?;
+            let mut opts = codec.list_options(query)?;
             if rp.name.is_some() {
                 opts.field_selector.requirements.push(crate::selectors::FieldRequirement {
                     field: "metadata.name".into(),
@@ -523,7 +614,7 @@ async fn resource_request(
                     negate: false,
                 });
             }
-            let enc = WatchEncoder::new(None, headers, res, query);
+            let enc = WatchEncoder::new(codec.view.map(|v| v.to_view), headers, res, query);
             serve_watch(state, res, rp.namespace.clone(), opts, query, enc).await
         }
         ("create", None) => {
@@ -531,12 +622,14 @@ async fn resource_request(
                 return Err(not_allowed());
             }
             let bytes = read_body(headers, body).await?;
-            let obj = decode_object(headers, &bytes)?;
             let opts = write_options(query)?;
-            let out = reg.create(res, &ns, obj, &opts).await?;
+            let (obj, w) =
+                codec.incoming(reg, rp.namespace.as_deref(), decode_object(headers, &bytes)?, opts.field_validation)?;
+            let mut out = reg.create(res, &ns, obj, &opts).await?;
+            out.warnings.splice(0..0, w);
             match out.json {
-                Some(json) if !table => Ok(json_bytes_response(StatusCode::CREATED, json, &out.warnings)),
-                _ => Ok(respond_object(StatusCode::CREATED, res, out.object, table, query, &out.warnings)),
+                Some(json) if raw_ok => Ok(json_bytes_response(StatusCode::CREATED, json, &out.warnings)),
+                _ => Ok(codec.respond(StatusCode::CREATED, out.object, table, query, &out.warnings)),
             }
         }
         ("update", None)
@@ -547,11 +640,13 @@ async fn resource_request(
                 return Err(not_allowed());
             }
             let bytes = read_body(headers, body).await?;
-            let obj = decode_object(headers, &bytes)?;
             let opts = write_options(query)?;
-            let (out, created) = reg.update(res, &ns, &name, obj, update_kind(sub), &opts).await?;
+            let (obj, w) =
+                codec.incoming(reg, rp.namespace.as_deref(), decode_object(headers, &bytes)?, opts.field_validation)?;
+            let (mut out, created) = reg.update(res, &ns, &name, obj, update_kind(sub), &opts).await?;
+            out.warnings.splice(0..0, w);
             let code = if created { StatusCode::CREATED } else { StatusCode::OK };
-            Ok(respond_object(code, res, out.object, table, query, &out.warnings))
+            Ok(codec.respond(code, out.object, table, query, &out.warnings))
         }
         ("patch", None) | ("patch", Some(Sub::Status)) | ("patch", Some(Sub::EphemeralContainers)) => {
             if rp.name.is_none() {
@@ -566,7 +661,13 @@ async fn resource_request(
                         "server-side apply of a subresource is not supported - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
                     ));
                 }
-                let config = crate::registry::apply::parse_config(res, &name, &bytes)?;
+                // A view's configuration is applied converted to the stored version (the
+                // managedFields entries name the stored version).
+                let config = crate::registry::apply::parse_config(served, &name, &bytes)?;
+                let config = match codec.view {
+                    Some(v) => (v.from_view)(&config).map_err(ApiError::bad_request)?,
+                    None => config,
+                };
                 let apply_opts = crate::registry::apply::ApplyOptions {
                     field_manager: query.get("fieldManager").map(String::as_str).unwrap_or_default(),
                     force: q_bool(query, "force")?.unwrap_or(false),
@@ -574,10 +675,11 @@ async fn resource_request(
                 };
                 let (out, created) = reg.apply(res, &ns, &name, config, &apply_opts).await?;
                 let code = if created { StatusCode::CREATED } else { StatusCode::OK };
-                return Ok(respond_object(code, res, out.object, table, query, &out.warnings));
+                return Ok(codec.respond(code, out.object, table, query, &out.warnings));
             }
-            let out = reg.patch(res, &ns, &name, ptype, &bytes, update_kind(sub), &opts).await?;
-            Ok(respond_object(StatusCode::OK, res, out.object, table, query, &out.warnings))
+            let target = crate::registry::generic::PatchTarget { served, view: codec.view };
+            let out = reg.patch(res, &ns, &name, ptype, &bytes, update_kind(sub), &opts, target).await?;
+            Ok(codec.respond(StatusCode::OK, out.object, table, query, &out.warnings))
         }
         ("delete", None) => {
             let bytes = read_body(headers, body).await?;
@@ -585,28 +687,24 @@ async fn resource_request(
             match reg.delete(res, &ns, &name, &opts).await? {
                 Deleted::Now(obj) if !res.strategy.return_deleted_object() => {
                     let uid = obj.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
-                    Ok(json_response(StatusCode::OK, &success_status(res, &name, uid), &[]))
+                    Ok(json_response(StatusCode::OK, &success_status(served, &name, uid), &[]))
                 }
                 Deleted::Now(obj) | Deleted::Marked(obj) => {
                     let code =
                         if opts.orphan_dependents == Some(false) { StatusCode::ACCEPTED } else { StatusCode::OK };
-                    Ok(respond_object(code, res, obj, false, query, &[]))
+                    Ok(json_response(code, &codec.out(obj), &[]))
                 }
             }
         }
         ("deletecollection", None) => {
-            if res.namespaced && rp.namespace.is_none() {
-                // Kubernetes allows it cluster-wide too; keep it for explicit namespaces only.
-            }
             let bytes = read_body(headers, body).await?;
             let opts = delete_options(query, &bytes)?;
-            let list = reg.delete_collection(res, rp.namespace.as_deref(), &list_options(query)?, &opts).await?;
-            Ok(json_response(StatusCode::OK, &list, &[]))
+            let list = reg.delete_collection(res, rp.namespace.as_deref(), &codec.list_options(query)?, &opts).await?;
+            Ok(json_response(StatusCode::OK, &codec.out_list(list), &[]))
         }
         // ---- status
         ("get", Some(Sub::Status)) | ("get", Some(Sub::EphemeralContainers)) => {
-            let obj = reg.get(res, &ns, &name).await?;
-            Ok(respond_object(StatusCode::OK, res, obj, table, query, &[]))
+            Ok(codec.respond(StatusCode::OK, reg.get(res, &ns, &name).await?, table, query, &[]))
         }
         // ---- scale
         ("get", Some(Sub::Scale)) => {
@@ -743,173 +841,6 @@ fn respond_object(
         return json_response(code, &crate::table::to_table(res, &list, query), warnings);
     }
     json_response(code, &obj, warnings)
-}
-
-// ------------------------------------------------------------------ converted views
-
-/// A version served as a view of another version's storage (events.k8s.io/v1 over core/v1
-/// Events, autoscaling/v1 over autoscaling/v2 HPAs): every verb on the stored resource,
-/// converted on the way in and out.
-async fn converted_view(
-    state: &Arc<AppState>,
-    method: &Method,
-    headers: &HeaderMap,
-    query: &HashMap<String, String>,
-    rp: ResourcePath,
-    body: Body,
-    served: &'static ResourceDef,
-    view: &'static crate::views::View,
-) -> ApiResult<Response> {
-    let (sg, sv, sp) = view.storage;
-    let core = resources::find(sg, sv, sp).ok_or_else(|| ApiError::internal("no storage resource for the view"))?;
-    let status_sub = match rp.subresource.as_deref() {
-        None => false,
-        Some("status") if core.has_status() => true,
-        Some(_) => return Err(not_found_path()),
-    };
-    let watch_param = q_bool(query, "watch")?.unwrap_or(false);
-    let verb = requestinfo::verb(method, &rp, watch_param);
-    let ns = rp.namespace.clone().unwrap_or_default();
-    let name = rp.name.clone().unwrap_or_default();
-    let reg = &state.registry;
-    let table = wants_table(headers);
-    let respond = |code: StatusCode, obj: Value, warnings: &[String]| -> Response {
-        if table {
-            return respond_object(code, core, obj, true, query, warnings);
-        }
-        json_response(code, &(view.to_view)(&obj), warnings)
-    };
-    let list_opts = || -> ApiResult<ListOptions> {
-        let mut opts = list_options(query)?;
-        for r in opts.field_selector.requirements.iter_mut() {
-            r.field = (view.field)(&r.field);
-        }
-        Ok(opts)
-    };
-    let convert_list = |mut list: Value| -> Value {
-        if let Some(items) = list.get_mut("items").and_then(Value::as_array_mut) {
-            for i in items.iter_mut() {
-                *i = (view.to_view)(i);
-            }
-        }
-        list["apiVersion"] = json!(view.api_version());
-        list["kind"] = json!(format!("{}List", view.kind));
-        list
-    };
-    // A body in the served version: typed check (and unknown fields) as that version, then
-    // converted to the stored one.
-    let incoming = |obj: Value, fv: FieldValidation| -> ApiResult<(Value, Vec<String>)> {
-        let (obj, warnings) = reg.decode_body(served, rp.namespace.as_deref(), obj, fv)?;
-        let stored = (view.from_view)(&obj).map_err(|e| {
-            ApiError::bad_request(format!(
-                "{} in version \"{}\" cannot be handled as a {}: {e}",
-                view.kind, view.version, view.kind
-            ))
-        })?;
-        Ok((stored, warnings))
-    };
-    let with_warnings = |mut out: crate::registry::generic::Outcome, w: Vec<String>| {
-        out.warnings.extend(w);
-        out
-    };
-    let update_kind = if status_sub { UpdateKind::Status } else { UpdateKind::Main };
-    match verb {
-        "get" => Ok(respond(StatusCode::OK, reg.get(core, &ns, &name).await?, &[])),
-        "list" if !status_sub => {
-            let list = reg.list(core, rp.namespace.as_deref(), &list_opts()?).await?;
-            if table {
-                return Ok(json_response(StatusCode::OK, &crate::table::to_table(core, &list, query), &[]));
-            }
-            Ok(json_response(StatusCode::OK, &convert_list(list), &[]))
-        }
-        "watch" if !status_sub => {
-            let mut opts = list_opts()?;
-            if rp.name.is_some() {
-                opts.field_selector.requirements.push(crate::selectors::FieldRequirement {
-                    field: "metadata.name".into(),
-                    value: name.clone(),
-                    negate: false,
-                });
-            }
-            let enc = WatchEncoder::new(Some(view.to_view), headers, core, query);
-            serve_watch(state, core, rp.namespace.clone(), opts, query, enc).await
-        }
-        "create" if rp.name.is_none() && rp.namespace.is_some() && !status_sub => {
-            let bytes = read_body(headers, body).await?;
-            let opts = write_options(query)?;
-            let (obj, w) = incoming(decode_object(headers, &bytes)?, opts.field_validation)?;
-            let out = with_warnings(reg.create(core, &ns, obj, &opts).await?, w);
-            Ok(respond(StatusCode::CREATED, out.object, &out.warnings))
-        }
-        "update" if rp.name.is_some() => {
-            let bytes = read_body(headers, body).await?;
-            let opts = write_options(query)?;
-            let (obj, w) = incoming(decode_object(headers, &bytes)?, opts.field_validation)?;
-            let (out, created) = reg.update(core, &ns, &name, obj, update_kind, &opts).await?;
-            let out = with_warnings(out, w);
-            Ok(respond(if created { StatusCode::CREATED } else { StatusCode::OK }, out.object, &out.warnings))
-        }
-        "patch" if rp.name.is_some() => {
-            let ptype = patch_type(headers)?;
-            let bytes = read_body(headers, body).await?;
-            let opts = write_options(query)?;
-            if ptype == PatchType::Apply {
-                if status_sub {
-                    return Err(ApiError::unsupported_media_type(
-                        "server-side apply of a subresource is not supported - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
-                    ));
-                }
-                // The configuration converted to the stored version is applied there (the
-                // managedFields entries name the stored version).
-                let config = crate::registry::apply::parse_config(served, &name, &bytes)?;
-                let config = (view.from_view)(&config).map_err(|e| ApiError::bad_request(e))?;
-                let apply_opts = crate::registry::apply::ApplyOptions {
-                    field_manager: query.get("fieldManager").map(String::as_str).unwrap_or_default(),
-                    force: q_bool(query, "force")?.unwrap_or(false),
-                    write: opts,
-                };
-                let (out, created) = reg.apply(core, &ns, &name, config, &apply_opts).await?;
-                let code = if created { StatusCode::CREATED } else { StatusCode::OK };
-                return Ok(respond(code, out.object, &out.warnings));
-            }
-            let out = reg
-                .guaranteed_update(core, &ns, &name, update_kind, &opts, |current| {
-                    let Some(current) = current else { return Ok(None) };
-                    let patched = crate::patch::apply(
-                        ptype,
-                        &(view.to_view)(current),
-                        &bytes,
-                        (view.group, view.version, view.kind),
-                    )?;
-                    let (stored, _) = incoming(patched, opts.field_validation)?;
-                    let (obj, _) = reg.decode_body(core, Some(&ns), stored, opts.field_validation)?;
-                    Ok(Some(Intent { object: obj, precondition: None }))
-                })
-                .await?;
-            Ok(respond(StatusCode::OK, out.object, &out.warnings))
-        }
-        "delete" if rp.name.is_some() && !status_sub => {
-            let bytes = read_body(headers, body).await?;
-            let opts = delete_options(query, &bytes)?;
-            let obj = match reg.delete(core, &ns, &name, &opts).await? {
-                Deleted::Now(o) if !core.strategy.return_deleted_object() => {
-                    let uid = o.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
-                    let mut status = success_status(core, &name, uid);
-                    status["details"]["group"] = json!(view.group);
-                    return Ok(json_response(StatusCode::OK, &status, &[]));
-                }
-                Deleted::Now(o) | Deleted::Marked(o) => o,
-            };
-            Ok(json_response(StatusCode::OK, &(view.to_view)(&obj), &[]))
-        }
-        "deletecollection" if !status_sub => {
-            let bytes = read_body(headers, body).await?;
-            let opts = delete_options(query, &bytes)?;
-            let list = reg.delete_collection(core, rp.namespace.as_deref(), &list_opts()?, &opts).await?;
-            Ok(json_response(StatusCode::OK, &convert_list(list), &[]))
-        }
-        _ => Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource")),
-    }
 }
 
 // ------------------------------------------------------------------ watch

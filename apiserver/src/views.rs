@@ -1,6 +1,6 @@
 //! Resources served as a converted view of another version's storage: one storage, every
 //! version converted on the way in and out (Kubernetes' conversion between external
-//! versions through the internal one). `server::converted_view` serves them.
+//! versions through the internal one). `server.rs`'s request path serves them (its `Codec`).
 
 use serde_json::Value;
 

@@ -80,6 +80,14 @@ pub enum UpdateKind {
     Internal,
 }
 
+/// What a PATCH addresses: the served resource, and the view it is served through when it
+/// is not stored as itself.
+#[derive(Clone, Copy)]
+pub struct PatchTarget<'a> {
+    pub served: &'a ResourceDef,
+    pub view: Option<&'static crate::views::View>,
+}
+
 /// What `try_update` decided.
 pub struct Intent {
     pub object: Value,
@@ -982,6 +990,10 @@ impl Registry {
 
     // ------------------------------------------------------------------ patch
 
+    /// PATCH of `res` (stored) as `target` addresses it: the patch applies to the object in
+    /// the addressed version (a converted view converts it there and back), a
+    /// `resourceVersion` it sets is a precondition, and the result is checked as a body.
+    #[allow(clippy::too_many_arguments)]
     pub async fn patch(
         &self,
         res: &ResourceDef,
@@ -991,12 +1003,20 @@ impl Registry {
         body: &[u8],
         kind: UpdateKind,
         opts: &WriteOptions,
+        target: PatchTarget<'_>,
     ) -> ApiResult<Outcome> {
         let mut warnings = Vec::new();
+        let gvk = match target.view {
+            Some(v) => (v.group, v.version, v.kind),
+            None => (res.group, res.version, res.kind),
+        };
         let out = self
             .guaranteed_update(res, ns, name, kind, opts, |current| {
                 let Some(current) = current else { return Ok(None) };
-                let patched = crate::patch::apply(ptype, current, body, (res.group, res.version, res.kind))?;
+                let patched = match target.view {
+                    Some(v) => crate::patch::apply(ptype, &(v.to_view)(current), body, gvk)?,
+                    None => crate::patch::apply(ptype, current, body, gvk)?,
+                };
                 let cur_rv = meta_str(current, "resourceVersion").to_string();
                 let new_rv = meta_str(&patched, "resourceVersion").to_string();
                 // A patch that sets resourceVersion makes it a precondition.
@@ -1016,8 +1036,20 @@ impl Registry {
                 } else {
                     None
                 };
-                let (obj, w) = self.decode_body(res, Some(ns), patched, opts.field_validation)?;
+                let (obj, w) = self.decode_body(target.served, Some(ns), patched, opts.field_validation)?;
                 warnings = w;
+                let obj = match target.view {
+                    Some(v) => {
+                        let stored = (v.from_view)(&obj).map_err(|e| {
+                            ApiError::bad_request(format!(
+                                "{} in version \"{}\" cannot be handled as a {}: {e}",
+                                v.kind, v.version, v.kind
+                            ))
+                        })?;
+                        self.decode_body(res, Some(ns), stored, opts.field_validation)?.0
+                    }
+                    None => obj,
+                };
                 if meta_str(&obj, "name") != name {
                     return Err(ApiError::bad_request(format!(
                         "the name of the object ({}) does not match the name on the URL ({name})",

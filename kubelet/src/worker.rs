@@ -173,10 +173,10 @@ async fn kill_pod(
             if let (Some(h), Some(c)) = (hook, container) {
                 if let Some(e) = h.exec {
                     let cmd = e.command.unwrap_or_default();
-                    let _ = tokio::time::timeout(grace, exec(&k, &id, cmd)).await;
+                    let _ = tokio::time::timeout(grace, k.rt.run_command(&id, cmd)).await;
                 } else if let Some(get) = h.http_get {
                     let probe = k8s_openapi::api::core::v1::Probe { http_get: Some(get), ..Default::default() };
-                    let _ = crate::probes::run_once(&k.rt.docker, &id, &c, &probe, &pod_ip, grace).await;
+                    let _ = crate::probes::run_once(&k.rt, &id, &c, &probe, &pod_ip, grace).await;
                 } else if let Some(sleep) = h.sleep {
                     tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0) as u64).min(grace)).await;
                 }
@@ -207,27 +207,6 @@ async fn kill_pod(
     k.release_ips(records).await;
     network::teardown_pod(uid).await;
     volumes::remove_pod_dir(&k.root_dir, uid);
-}
-
-async fn exec(k: &Kubelet, id: &str, cmd: Vec<String>) -> Result<()> {
-    use bollard::exec::{CreateExecOptions, StartExecResults};
-    use futures::StreamExt;
-    let e =
-        k.rt.docker
-            .create_exec(
-                id,
-                CreateExecOptions {
-                    cmd: Some(cmd),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    ..Default::default()
-                },
-            )
-            .await?;
-    if let StartExecResults::Attached { mut output, .. } = k.rt.docker.start_exec(&e.id, None).await? {
-        while output.next().await.is_some() {}
-    }
-    Ok(())
 }
 
 fn default_pull_policy(image: &str) -> &'static str {
@@ -640,7 +619,7 @@ fn ensure_probes(
     let uid = uid.to_string();
     let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || kk.notify(&uid));
     let ip = if pod_ip.is_empty() { "127.0.0.1".to_string() } else { pod_ip.to_string() };
-    let hs = crate::probes::start(k.rt.docker.clone(), k.probe_results.clone(), r.id.clone(), c.clone(), ip, wake);
+    let hs = crate::probes::start(k.rt.clone(), k.probe_results.clone(), r.id.clone(), c.clone(), ip, wake);
     w.probes.insert(r.id.clone(), hs);
 }
 
@@ -730,11 +709,11 @@ async fn start_container(
     };
     let id = match k.rt.create(&name, body).await {
         Ok(id) => id,
-        Err(e) => return fail(w, "CreateContainerError", docker_message(&e)),
+        Err(e) => return fail(w, "CreateContainerError", e.to_string()),
     };
     if let Err(e) = k.rt.start(&id).await {
         let _ = k.rt.remove(&id).await;
-        return fail(w, "RunContainerError", docker_message(&e));
+        return fail(w, "RunContainerError", e.to_string());
     }
     w.waiting.remove(&c.name);
     w.start_backoff.remove(&c.name);
@@ -742,13 +721,6 @@ async fn start_container(
     k.events.normal(pod, "Started", format!("Started container {}", c.name));
     tracing::info!(pod = %format!("{}/{}", pr.namespace, pr.name), container = %c.name, restart_count, "started container");
     Ok(None)
-}
-
-fn docker_message(e: &bollard::errors::Error) -> String {
-    match e {
-        bollard::errors::Error::DockerResponseServerError { message, .. } => message.clone(),
-        e => e.to_string(),
-    }
 }
 
 async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network: bool) -> Result<()> {
@@ -771,13 +743,13 @@ async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network:
         Ok(id) => id,
         Err(e) => {
             release_ip(k, cidr.map(|_| ip.as_str())).await;
-            return Err(anyhow!(docker_message(&e)));
+            return Err(anyhow!(e));
         }
     };
     if let Err(e) = k.rt.start(&id).await {
         let _ = k.rt.remove(&id).await;
         release_ip(k, cidr.map(|_| ip.as_str())).await;
-        return Err(anyhow!("starting the pause container: {}", docker_message(&e)));
+        return Err(anyhow!("starting the pause container: {e}"));
     }
     if let Some(cidr) = cidr {
         let setup = async {
@@ -792,13 +764,7 @@ async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network:
                     }
                 }
             };
-            let info =
-                k.rt.docker.inspect_container(&id, None::<bollard::query_parameters::InspectContainerOptions>).await?;
-            let pid = info
-                .state
-                .and_then(|s| s.pid)
-                .filter(|p| *p > 0)
-                .ok_or_else(|| anyhow!("pause container has no pid"))?;
+            let pid = k.rt.pid(&id).await?.ok_or_else(|| anyhow!("pause container has no pid"))?;
             network::setup_pod(&bridge, &pr.uid, pid, ip.parse()?, &cidr).await
         };
         if let Err(e) = setup.await {

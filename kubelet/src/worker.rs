@@ -21,7 +21,6 @@ use tokio::sync::mpsc;
 use crate::backoff;
 use crate::kubelet::Kubelet;
 use crate::labels::{self, Kind};
-use crate::network;
 use crate::podconfig::{self, ContainerContext, Lookups};
 use crate::runtime::{ContainerRecord, State};
 use crate::status::{self, instances, ProbeView};
@@ -204,8 +203,8 @@ async fn kill_pod(
             m.remove(&r.id);
         }
     }
-    k.release_ips(records).await;
-    network::teardown_pod(uid).await;
+    k.net.release_ips(records).await;
+    k.net.detach(uid).await;
     volumes::remove_pod_dir(&k.root_dir, uid);
 }
 
@@ -389,7 +388,7 @@ async fn run_pod(
             for r in records.iter().filter(|r| r.kind == Kind::Sandbox) {
                 k.rt.remove(&r.id).await?;
             }
-            k.release_ips(&records).await;
+            k.net.release_ips(&records).await;
             if let Some((until, _)) = w.sandbox_backoff {
                 let now = Instant::now();
                 if now < until {
@@ -728,11 +727,13 @@ async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network:
     if k.rt.image_present(&k.pause_image).await?.is_none() {
         return Err(anyhow!("pause image {} is not present (build it with scripts/images)", k.pause_image));
     }
-    let (ip, cidr) = if host_network {
+    // The pod's address: the node's own on the host network, otherwise one reserved from the
+    // podCIDR (given back if the sandbox does not come up).
+    let (ip, reserved) = if host_network {
         (k.node_ip.clone(), None)
     } else {
-        let cidr = k.cidr().ok_or_else(|| anyhow!("network is not ready: the node has no podCIDR"))?;
-        (k.allocate_ip(&cidr).await?.to_string(), Some(cidr))
+        let (ip, cidr) = k.net.allocate_ip().await?;
+        (ip.to_string(), Some((ip, cidr)))
     };
     let mut body = podconfig::sandbox_body(pod, &k.node, &k.pause_image, &ip, host_network);
     if let Some(l) = body.labels.as_mut() {
@@ -742,53 +743,28 @@ async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network:
     let id = match k.rt.create(&name, body).await {
         Ok(id) => id,
         Err(e) => {
-            release_ip(k, cidr.map(|_| ip.as_str())).await;
+            if let Some((ip, _)) = reserved {
+                k.net.release_ip(ip).await;
+            }
             return Err(anyhow!(e));
         }
     };
     if let Err(e) = k.rt.start(&id).await {
         let _ = k.rt.remove(&id).await;
-        release_ip(k, cidr.map(|_| ip.as_str())).await;
+        if let Some((ip, _)) = reserved {
+            k.net.release_ip(ip).await;
+        }
         return Err(anyhow!("starting the pause container: {e}"));
     }
-    if let Some(cidr) = cidr {
-        let setup = async {
-            let bridge = {
-                let mut b = k.bridge.lock().await;
-                match b.as_ref() {
-                    Some(b) => b.clone(),
-                    None => {
-                        let name = network::ensure_bridge(&k.node, &cidr).await?;
-                        *b = Some(name.clone());
-                        name
-                    }
-                }
-            };
-            let pid = k.rt.pid(&id).await?.ok_or_else(|| anyhow!("pause container has no pid"))?;
-            network::setup_pod(&bridge, &pr.uid, pid, ip.parse()?, &cidr).await
-        };
-        if let Err(e) = setup.await {
+    if let Some((pod_ip, cidr)) = reserved {
+        if let Err(e) = k.net.attach(&pr.uid, &id, pod_ip, &cidr).await {
             let _ = k.rt.remove(&id).await;
-            release_ip(k, Some(ip.as_str())).await;
+            k.net.release_ip(pod_ip).await;
             return Err(e.context("setting up the pod network"));
-        }
-        // Hairpin (kubelet's --hairpin-mode=hairpin-veth): a pod reaching itself through a
-        // Service's cluster IP leaves and re-enters by its own bridge port.
-        let (veth, _) = network::veth_names(&pr.uid);
-        if let Err(e) = std::fs::write(format!("/sys/class/net/{veth}/brport/hairpin_mode"), "1") {
-            tracing::warn!(veth, error = %e, "cannot enable hairpin mode: the pod cannot reach itself through a Service");
         }
     }
     tracing::info!(pod = %format!("{}/{}", pr.namespace, pr.name), ip, "sandbox ready");
     Ok(())
-}
-
-async fn release_ip(k: &Kubelet, ip: Option<&str>) {
-    if let Some(ip) = ip.and_then(|ip| ip.parse::<std::net::Ipv4Addr>().ok()) {
-        if let Some(used) = k.ips.lock().await.as_mut() {
-            used.remove(&ip);
-        }
-    }
 }
 
 /// Compute the status and patch it when it changed.

@@ -13,6 +13,7 @@ mod netlink;
 mod network;
 mod node;
 mod pleg;
+mod podactions;
 mod podconfig;
 mod probes;
 mod runtime;

@@ -1,12 +1,17 @@
 //! The kubelet's shared state and the pod manager: the watch on this node's pods, one
 //! worker task per pod UID, and the dispatch of watch changes, PLEG events and probe
 //! results to those workers.
+//!
+//! What a worker does is not this module's business: the task is [`PodWorker`], given by
+//! `main.rs` (`worker.rs`'s `run`), so the workers may use this shared state without the
+//! two modules depending on each other.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use futures::future::BoxFuture;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -18,6 +23,10 @@ use crate::metrics::Metrics;
 use crate::network::PodNetwork;
 use crate::probes::ResultMap;
 use crate::runtime::{ContainerRecord, Runtime};
+
+/// The task that runs the pod of one UID: it is woken through the channel (a message means
+/// "look again") and ends once [`Kubelet::worker_done`] lets it.
+pub type PodWorker = fn(Arc<Kubelet>, String, mpsc::UnboundedReceiver<()>) -> BoxFuture<'static, ()>;
 
 pub struct Kubelet {
     pub client: kube::Client,
@@ -33,6 +42,8 @@ pub struct Kubelet {
     /// The first full list of pods arrived: a pod absent from `pods` is really gone.
     pub pods_synced: AtomicBool,
     workers: Mutex<HashMap<String, mpsc::UnboundedSender<()>>>,
+    /// What each of those workers runs.
+    pod_worker: PodWorker,
     pub probe_results: ResultMap,
     pub metrics: Metrics,
     pub events: crate::events::Events,
@@ -52,6 +63,7 @@ impl Kubelet {
         net: Arc<PodNetwork>,
         metrics: Metrics,
         dns: crate::dns::Settings,
+        pod_worker: PodWorker,
     ) -> Arc<Kubelet> {
         let events = crate::events::Events::new(client.clone(), &node);
         Arc::new(Kubelet {
@@ -66,6 +78,7 @@ impl Kubelet {
             pods: Mutex::new(HashMap::new()),
             pods_synced: AtomicBool::new(false),
             workers: Mutex::new(HashMap::new()),
+            pod_worker,
             probe_results: Default::default(),
             metrics,
             dns,
@@ -93,7 +106,7 @@ impl Kubelet {
         workers.insert(uid.to_string(), tx);
         let k = self.clone();
         let uid = uid.to_string();
-        tokio::spawn(async move { crate::worker::run(k, uid, rx).await });
+        tokio::spawn((self.pod_worker)(k, uid, rx));
     }
 
     /// Called by a worker that has nothing left to do: true if it may exit (no pod object and

@@ -140,6 +140,7 @@ async fn main() -> Result<()> {
         net,
         metrics,
         dns,
+        |k, uid, rx| Box::pin(worker::run(k, uid, rx)),
     );
     tracing::info!(node = %node_name, node_ip, docker = %docker_version, pod_cidr = ?pod_cidr,
         cluster_dns = ?flags.cluster_dns, cluster_domain = %flags.cluster_domain, "kubelet starting");

@@ -1,13 +1,17 @@
 //! The kubelet's shared state and the pod manager: the watch on this node's pods, one
 //! worker task per pod UID, and the dispatch of watch changes, PLEG events and probe
 //! results to those workers.
+//!
+//! What a worker does is not this module's business: the task is [`PodWorker`], given by
+//! `main.rs` (`worker.rs`'s `run`), so the workers may use this shared state without the
+//! two modules depending on each other.
 
 use std::collections::{HashMap, HashSet};
-use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use futures::future::BoxFuture;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -16,9 +20,13 @@ use kube::runtime::WatchStreamExt;
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
-use crate::network::Cidr;
+use crate::network::PodNetwork;
 use crate::probes::ResultMap;
 use crate::runtime::{ContainerRecord, Runtime};
+
+/// The task that runs the pod of one UID: it is woken through the channel (a message means
+/// "look again") and ends once [`Kubelet::worker_done`] lets it.
+pub type PodWorker = fn(Arc<Kubelet>, String, mpsc::UnboundedReceiver<()>) -> BoxFuture<'static, ()>;
 
 pub struct Kubelet {
     pub client: kube::Client,
@@ -27,18 +35,16 @@ pub struct Kubelet {
     pub node_ip: String,
     pub root_dir: PathBuf,
     pub pause_image: String,
-    pub pod_cidr: Mutex<Option<Cidr>>,
-    /// The node's bridge once created.
-    pub bridge: tokio::sync::Mutex<Option<String>>,
+    /// The pod network: podCIDR, pod IPs, bridge, veths.
+    pub net: Arc<PodNetwork>,
     /// This node's pods by UID, as the watch last saw them.
     pub pods: Mutex<HashMap<String, Pod>>,
     /// The first full list of pods arrived: a pod absent from `pods` is really gone.
     pub pods_synced: AtomicBool,
     workers: Mutex<HashMap<String, mpsc::UnboundedSender<()>>>,
+    /// What each of those workers runs.
+    pod_worker: PodWorker,
     pub probe_results: ResultMap,
-    /// Pod IPs in use; filled from the pause containers' labels on first use, so it
-    /// survives restarts.
-    pub ips: tokio::sync::Mutex<Option<HashSet<Ipv4Addr>>>,
     pub metrics: Metrics,
     pub events: crate::events::Events,
     /// `--cluster-dns`, `--cluster-domain`, the host's resolver files: the pods' resolv.conf and hosts.
@@ -54,9 +60,10 @@ impl Kubelet {
         node_ip: String,
         root_dir: PathBuf,
         pause_image: String,
-        pod_cidr: Option<Cidr>,
+        net: Arc<PodNetwork>,
         metrics: Metrics,
         dns: crate::dns::Settings,
+        pod_worker: PodWorker,
     ) -> Arc<Kubelet> {
         let events = crate::events::Events::new(client.clone(), &node);
         Arc::new(Kubelet {
@@ -67,13 +74,12 @@ impl Kubelet {
             node_ip,
             root_dir,
             pause_image,
-            pod_cidr: Mutex::new(pod_cidr),
-            bridge: tokio::sync::Mutex::new(None),
+            net,
             pods: Mutex::new(HashMap::new()),
             pods_synced: AtomicBool::new(false),
             workers: Mutex::new(HashMap::new()),
+            pod_worker,
             probe_results: Default::default(),
-            ips: tokio::sync::Mutex::new(None),
             metrics,
             dns,
         })
@@ -85,43 +91,6 @@ impl Kubelet {
 
     pub fn synced(&self) -> bool {
         self.pods_synced.load(Ordering::SeqCst)
-    }
-
-    pub fn cidr(&self) -> Option<Cidr> {
-        self.pod_cidr.lock().ok().and_then(|c| *c)
-    }
-
-    /// Reserve a free pod IP of `cidr`.
-    pub async fn allocate_ip(&self, cidr: &Cidr) -> anyhow::Result<Ipv4Addr> {
-        let mut ips = self.ips.lock().await;
-        if ips.is_none() {
-            let used = self
-                .rt
-                .list(None)
-                .await?
-                .iter()
-                .filter(|r| r.kind == crate::labels::Kind::Sandbox && r.state != crate::runtime::State::Exited)
-                .filter_map(|r| r.pod_ip().and_then(|ip| ip.parse().ok()))
-                .collect();
-            *ips = Some(used);
-        }
-        let used = ips.get_or_insert_with(HashSet::new);
-        let ip =
-            crate::network::allocate(cidr, used).ok_or_else(|| anyhow::anyhow!("no free address in podCIDR {cidr}"))?;
-        used.insert(ip);
-        Ok(ip)
-    }
-
-    /// Give back the IPs of removed pause containers.
-    pub async fn release_ips(&self, records: &[ContainerRecord]) {
-        let mut ips = self.ips.lock().await;
-        if let Some(used) = ips.as_mut() {
-            for r in records.iter().filter(|r| r.kind == crate::labels::Kind::Sandbox) {
-                if let Some(ip) = r.pod_ip().and_then(|ip| ip.parse::<Ipv4Addr>().ok()) {
-                    used.remove(&ip);
-                }
-            }
-        }
     }
 
     /// Wake the worker of `uid`, starting one if there is none.
@@ -137,7 +106,7 @@ impl Kubelet {
         workers.insert(uid.to_string(), tx);
         let k = self.clone();
         let uid = uid.to_string();
-        tokio::spawn(async move { crate::worker::run(k, uid, rx).await });
+        tokio::spawn((self.pod_worker)(k, uid, rx));
     }
 
     /// Called by a worker that has nothing left to do: true if it may exit (no pod object and

@@ -3,6 +3,7 @@
 //! and serves logs, health and metrics on `--port`.
 
 mod backoff;
+mod cidr;
 mod dns;
 mod events;
 mod kubelet;
@@ -12,6 +13,7 @@ mod netlink;
 mod network;
 mod node;
 mod pleg;
+mod podactions;
 mod podconfig;
 mod probes;
 mod runtime;
@@ -110,7 +112,7 @@ async fn main() -> Result<()> {
         &format!("a kubelet for node {node_name}"),
     )?;
     let node_ip = flags.node_ip.clone().unwrap_or_else(default_node_ip);
-    let pod_cidr: Option<network::Cidr> = flags.pod_cidr.as_deref().map(str::parse).transpose()?;
+    let pod_cidr: Option<cidr::Cidr> = flags.pod_cidr.as_deref().map(str::parse).transpose()?;
     let labels = node::parse_labels(&flags.node_labels)?;
     let taints = node::parse_taints(&flags.register_with_taints)?;
     std::fs::create_dir_all(&flags.root_dir)
@@ -127,6 +129,7 @@ async fn main() -> Result<()> {
         host_resolv_conf: std::fs::read_to_string(&flags.resolv_conf).unwrap_or_default(),
         host_hosts: std::fs::read_to_string("/etc/hosts").unwrap_or_default(),
     };
+    let net = Arc::new(network::PodNetwork::new(&node_name, rt.clone(), pod_cidr));
     let k = kubelet::Kubelet::new(
         client,
         rt.clone(),
@@ -134,9 +137,10 @@ async fn main() -> Result<()> {
         node_ip.clone(),
         flags.root_dir.clone(),
         flags.pod_infra_container_image.clone(),
-        pod_cidr,
+        net,
         metrics,
         dns,
+        |k, uid, rx| Box::pin(worker::run(k, uid, rx)),
     );
     tracing::info!(node = %node_name, node_ip, docker = %docker_version, pod_cidr = ?pod_cidr,
         cluster_dns = ?flags.cluster_dns, cluster_domain = %flags.cluster_domain, "kubelet starting");
@@ -167,7 +171,7 @@ async fn main() -> Result<()> {
         tokio::spawn(pleg::run(rt, move |ev| k1.notify(&ev.pod_uid), move |records| k2.relisted(records)));
     }
     tokio::spawn(k.clone().watch_pods());
-    tokio::spawn(network::run_node_network(k.clone()));
+    tokio::spawn(k.net.clone().run_node_network(k.client.clone()));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

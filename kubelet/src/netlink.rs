@@ -14,7 +14,7 @@ use rtnetlink::packet_route::address::AddressAttribute;
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteProtocol};
 use rtnetlink::{new_connection, Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
-use crate::network::Cidr;
+use crate::cidr::Cidr;
 
 fn connect() -> Result<Handle> {
     let (conn, handle, _) = new_connection().context("opening a netlink socket")?;

@@ -1,12 +1,13 @@
-//! The pod network, CNI-style: one Linux bridge per node (named after the node) holding
-//! the first address of the node's podCIDR as the pods' gateway; each pod gets a veth pair
-//! whose inner end is moved into the pause container's network namespace (found through
-//! its PID), named `eth0`, addressed from the podCIDR, with a default route via the bridge.
+//! The pod network, CNI-style, owned by one [`PodNetwork`]: one Linux bridge per node
+//! (named after the node) holding the first address of the node's podCIDR as the pods'
+//! gateway; each pod gets a veth pair whose inner end is moved into the pause container's
+//! network namespace (found through its PID), named `eth0`, addressed from the podCIDR,
+//! with a default route via the bridge, and its host end in hairpin mode.
 //!
 //! Pods of different nodes on one host reach each other through the host's routing table
 //! (every bridge has a connected route for its podCIDR) and FORWARD rules that accept
-//! traffic from and to the `mk8s*` bridges. Address allocation is a pure function of the
-//! addresses the running pause containers carry in their labels, so it survives restarts.
+//! traffic from and to the `mk8s*` bridges. Address allocation is a pure function ([`allocate`])
+//! of the addresses the running pause containers carry in their labels, so it survives restarts.
 //!
 //! Links are configured over rtnetlink (see `netlink.rs`); the FORWARD rules with iptables.
 //!
@@ -24,67 +25,130 @@
 //!   the decision; nodes on this host need no route (their bridges are local).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt;
 use std::net::Ipv4Addr;
-use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 
-/// An IPv4 CIDR block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cidr {
-    pub network: Ipv4Addr,
-    pub prefix: u8,
+use crate::cidr::Cidr;
+use crate::labels::Kind;
+use crate::runtime::{ContainerRecord, Runtime, State};
+
+/// The node's pod network: its podCIDR, the pod IPs in use, the bridge, and each pod's
+/// link to it. The pod workers ask it for an address and a link; the node loop
+/// ([`PodNetwork::run_node_network`]) keeps the masquerade and the routes to other nodes.
+pub struct PodNetwork {
+    node: String,
+    rt: Arc<Runtime>,
+    /// `--pod-cidr`, or the Node's `spec.podCIDR` once node IPAM gave one.
+    pod_cidr: Mutex<Option<Cidr>>,
+    /// The node's bridge once created.
+    bridge: tokio::sync::Mutex<Option<String>>,
+    /// Pod IPs in use; filled from the pause containers' labels on first use, so it
+    /// survives restarts.
+    ips: tokio::sync::Mutex<Option<HashSet<Ipv4Addr>>>,
 }
 
-impl FromStr for Cidr {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Cidr> {
-        let (a, p) = s.split_once('/').with_context(|| format!("{s:?} is not a CIDR"))?;
-        let addr: Ipv4Addr = a.parse().with_context(|| format!("{s:?}: bad address"))?;
-        let prefix: u8 = p.parse().with_context(|| format!("{s:?}: bad prefix"))?;
-        if prefix > 30 {
-            bail!("{s:?}: prefix must be at most /30");
+impl PodNetwork {
+    pub fn new(node: &str, rt: Arc<Runtime>, pod_cidr: Option<Cidr>) -> PodNetwork {
+        PodNetwork {
+            node: node.to_string(),
+            rt,
+            pod_cidr: Mutex::new(pod_cidr),
+            bridge: tokio::sync::Mutex::new(None),
+            ips: tokio::sync::Mutex::new(None),
         }
-        let mask = mask(prefix);
-        Ok(Cidr { network: Ipv4Addr::from(u32::from(addr) & mask), prefix })
     }
-}
 
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
+    /// The node's podCIDR, if it has one yet.
+    pub fn cidr(&self) -> Option<Cidr> {
+        self.pod_cidr.lock().ok().and_then(|c| *c)
     }
-}
 
-fn mask(prefix: u8) -> u32 {
-    if prefix == 0 {
-        0
-    } else {
-        u32::MAX << (32 - prefix)
+    /// The podCIDR node IPAM gave this node.
+    pub fn set_cidr(&self, cidr: Cidr) {
+        if let Ok(mut c) = self.pod_cidr.lock() {
+            *c = Some(cidr);
+        }
     }
-}
 
-impl Cidr {
-    /// The bridge's address, the pods' default gateway.
-    pub fn gateway(&self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.network) + 1)
+    /// Reserve a free pod IP of the podCIDR; returns it with the podCIDR.
+    pub async fn allocate_ip(&self) -> Result<(Ipv4Addr, Cidr)> {
+        let cidr = self.cidr().ok_or_else(|| anyhow!("network is not ready: the node has no podCIDR"))?;
+        let mut ips = self.ips.lock().await;
+        if ips.is_none() {
+            let used = self
+                .rt
+                .list(None)
+                .await?
+                .iter()
+                .filter(|r| r.kind == Kind::Sandbox && r.state != State::Exited)
+                .filter_map(|r| r.pod_ip().and_then(|ip| ip.parse().ok()))
+                .collect();
+            *ips = Some(used);
+        }
+        let used = ips.get_or_insert_with(HashSet::new);
+        let ip = allocate(&cidr, used).ok_or_else(|| anyhow!("no free address in podCIDR {cidr}"))?;
+        used.insert(ip);
+        Ok((ip, cidr))
     }
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        u32::from(ip) & mask(self.prefix) == u32::from(self.network)
+
+    /// Give back one reserved IP (its sandbox never came up).
+    pub async fn release_ip(&self, ip: Ipv4Addr) {
+        if let Some(used) = self.ips.lock().await.as_mut() {
+            used.remove(&ip);
+        }
     }
-    /// Whether the two blocks share an address.
-    pub fn overlaps(&self, other: &Cidr) -> bool {
-        self.contains(other.network) || other.contains(self.network)
+
+    /// Give back the IPs of removed pause containers.
+    pub async fn release_ips(&self, records: &[ContainerRecord]) {
+        let mut ips = self.ips.lock().await;
+        if let Some(used) = ips.as_mut() {
+            for r in records.iter().filter(|r| r.kind == Kind::Sandbox) {
+                if let Some(ip) = r.pod_ip().and_then(|ip| ip.parse::<Ipv4Addr>().ok()) {
+                    used.remove(&ip);
+                }
+            }
+        }
     }
-    fn broadcast(&self) -> u32 {
-        u32::from(self.network) | !mask(self.prefix)
+
+    /// Plug a pod's pause container (`sandbox_id`) into the node's bridge (created on first
+    /// use) with address `ip`. On failure the pod's veth is gone again.
+    pub async fn attach(&self, pod_uid: &str, sandbox_id: &str, ip: Ipv4Addr, cidr: &Cidr) -> Result<()> {
+        let bridge = {
+            let mut b = self.bridge.lock().await;
+            match b.as_ref() {
+                Some(b) => b.clone(),
+                None => {
+                    let name = ensure_bridge(&self.node, cidr).await?;
+                    *b = Some(name.clone());
+                    name
+                }
+            }
+        };
+        let pid = self.rt.pid(sandbox_id).await?.ok_or_else(|| anyhow!("pause container has no pid"))?;
+        let (host, peer) = veth_names(pod_uid);
+        if let Err(e) = crate::netlink::setup_pod(&bridge, &host, &peer, pid, ip, cidr).await {
+            let _ = crate::netlink::delete(&host).await;
+            return Err(e);
+        }
+        // Hairpin (kubelet's --hairpin-mode=hairpin-veth): a pod reaching itself through a
+        // Service's cluster IP leaves and re-enters by its own bridge port.
+        if let Err(e) = std::fs::write(format!("/sys/class/net/{host}/brport/hairpin_mode"), "1") {
+            tracing::warn!(veth = %host, error = %e, "cannot enable hairpin mode: the pod cannot reach itself through a Service");
+        }
+        Ok(())
+    }
+
+    /// Remove a pod's host-side veth (normally gone with its namespace already).
+    pub async fn detach(&self, pod_uid: &str) {
+        let (host, _) = veth_names(pod_uid);
+        let _ = crate::netlink::delete(&host).await;
     }
 }
 
@@ -136,7 +200,7 @@ async fn succeeds(cmd: &str, args: &[&str]) -> bool {
 
 /// Create (or fix up) the node's bridge with the gateway address, enable forwarding and
 /// accept forwarded traffic of the MiniK8s bridges (Docker sets FORWARD's policy to DROP).
-pub async fn ensure_bridge(node: &str, cidr: &Cidr) -> Result<String> {
+async fn ensure_bridge(node: &str, cidr: &Cidr) -> Result<String> {
     let br = bridge_name(node);
     crate::netlink::ensure_bridge(&br, cidr).await?;
     if let Err(e) = std::fs::write("/proc/sys/net/ipv4/ip_forward", "1") {
@@ -154,22 +218,6 @@ pub async fn ensure_bridge(node: &str, cidr: &Cidr) -> Result<String> {
         }
     }
     Ok(br)
-}
-
-/// Plug the network namespace of process `pid` (the pause container) into the bridge.
-pub async fn setup_pod(bridge: &str, pod_uid: &str, pid: i64, ip: Ipv4Addr, cidr: &Cidr) -> Result<()> {
-    let (host, peer) = veth_names(pod_uid);
-    if let Err(e) = crate::netlink::setup_pod(bridge, &host, &peer, pid, ip, cidr).await {
-        let _ = crate::netlink::delete(&host).await;
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// Remove a pod's host-side veth (normally gone with its namespace already).
-pub async fn teardown_pod(pod_uid: &str) {
-    let (host, _) = veth_names(pod_uid);
-    let _ = crate::netlink::delete(&host).await;
 }
 
 /// The per-node nat chain for egress masquerade (`MK8S-MASQ-` + the bridge's hash).
@@ -320,6 +368,9 @@ async fn run_with_input(cmd: &str, args: &[&str], input: &str) -> Result<()> {
     Ok(())
 }
 
+/// Routes `destination via gateway`.
+type RouteList = Vec<(Cidr, Ipv4Addr)>;
+
 /// The route changes that make this host's `proto 107` routes match `desired`: routes to add
 /// or replace, and routes to delete. Only routes to a podCIDR of this cluster (`known`: every
 /// podCIDR its Nodes have had) are deleted, so a kubelet of another cluster sharing the host
@@ -328,7 +379,7 @@ pub fn route_changes(
     current: &BTreeMap<Cidr, Ipv4Addr>,
     desired: &BTreeMap<Cidr, Ipv4Addr>,
     known: &BTreeSet<Cidr>,
-) -> (Vec<(Cidr, Ipv4Addr)>, Vec<(Cidr, Ipv4Addr)>) {
+) -> (RouteList, RouteList) {
     let add = desired.iter().filter(|(c, g)| current.get(c) != Some(g)).map(|(c, g)| (*c, *g)).collect();
     let del =
         current.iter().filter(|(c, _)| known.contains(c) && !desired.contains_key(c)).map(|(c, g)| (*c, *g)).collect();
@@ -352,63 +403,65 @@ async fn apply_routes(desired: &BTreeMap<Cidr, Ipv4Addr>, known: &BTreeSet<Cidr>
     Ok(())
 }
 
-/// The network loop: a watch of Nodes driving the egress masquerade chain and the host-gw
-/// routes, re-applied on every change and once a minute (in case something flushed them).
-pub async fn run_node_network(k: Arc<crate::kubelet::Kubelet>) {
-    let api: Api<Node> = Api::all(k.client.clone());
-    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
-    let mut nodes: HashMap<String, NodeNet> = HashMap::new();
-    let mut relist: HashMap<String, NodeNet> = HashMap::new();
-    let mut synced = false;
-    let mut applied_masq: Option<(Cidr, BTreeSet<Cidr>)> = None;
-    let mut applied_routes: Option<BTreeMap<Cidr, Ipv4Addr>> = None;
-    let mut known: BTreeSet<Cidr> = BTreeSet::new();
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
-    loop {
-        tokio::select! {
-            ev = stream.next() => match ev {
-                Some(Ok(watcher::Event::Apply(n))) => { nodes.insert(n.metadata.name.clone().unwrap_or_default(), NodeNet::from_node(&n)); }
-                Some(Ok(watcher::Event::Delete(n))) => { nodes.remove(n.metadata.name.as_deref().unwrap_or_default()); }
-                Some(Ok(watcher::Event::Init)) => relist.clear(),
-                Some(Ok(watcher::Event::InitApply(n))) => { relist.insert(n.metadata.name.clone().unwrap_or_default(), NodeNet::from_node(&n)); }
-                Some(Ok(watcher::Event::InitDone)) => { nodes = std::mem::take(&mut relist); synced = true; }
-                Some(Err(e)) => { tracing::debug!(error = %e, "node watch"); continue; }
-                None => return,
-            },
-            _ = tick.tick() => { applied_masq = None; applied_routes = None; }
-        }
-        if !synced {
-            continue;
-        }
-        let own = k.cidr().or_else(|| nodes.get(&k.node).and_then(|n| n.pod_cidr));
-        let list: Vec<NodeNet> = nodes.values().cloned().collect();
-        let before = known.len();
-        known.extend(list.iter().filter_map(|n| n.pod_cidr));
-        if known.len() != before {
-            applied_routes = None;
-        }
-        if let Some(own) = own {
-            let cluster: BTreeSet<Cidr> = list.iter().filter_map(|n| n.pod_cidr).collect();
-            let want = (own, cluster);
-            if applied_masq.as_ref() != Some(&want) {
-                match apply_masquerade(&k.node, &want.0, &want.1).await {
-                    Ok(()) => applied_masq = Some(want),
-                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot write the egress masquerade rules"),
-                }
+impl PodNetwork {
+    /// The network loop: a watch of Nodes driving the egress masquerade chain and the host-gw
+    /// routes, re-applied on every change and once a minute (in case something flushed them).
+    pub async fn run_node_network(self: Arc<Self>, client: kube::Client) {
+        let api: Api<Node> = Api::all(client);
+        let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut nodes: HashMap<String, NodeNet> = HashMap::new();
+        let mut relist: HashMap<String, NodeNet> = HashMap::new();
+        let mut synced = false;
+        let mut applied_masq: Option<(Cidr, BTreeSet<Cidr>)> = None;
+        let mut applied_routes: Option<BTreeMap<Cidr, Ipv4Addr>> = None;
+        let mut known: BTreeSet<Cidr> = BTreeSet::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tokio::select! {
+                ev = stream.next() => match ev {
+                    Some(Ok(watcher::Event::Apply(n))) => { nodes.insert(n.metadata.name.clone().unwrap_or_default(), NodeNet::from_node(&n)); }
+                    Some(Ok(watcher::Event::Delete(n))) => { nodes.remove(n.metadata.name.as_deref().unwrap_or_default()); }
+                    Some(Ok(watcher::Event::Init)) => relist.clear(),
+                    Some(Ok(watcher::Event::InitApply(n))) => { relist.insert(n.metadata.name.clone().unwrap_or_default(), NodeNet::from_node(&n)); }
+                    Some(Ok(watcher::Event::InitDone)) => { nodes = std::mem::take(&mut relist); synced = true; }
+                    Some(Err(e)) => { tracing::debug!(error = %e, "node watch"); continue; }
+                    None => return,
+                },
+                _ = tick.tick() => { applied_masq = None; applied_routes = None; }
             }
-        }
-        let local = match crate::netlink::local_ipv4_addrs().await {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "cannot list this host's addresses");
+            if !synced {
                 continue;
             }
-        };
-        let want = desired_routes(&k.node, own.as_ref(), &list, &local);
-        if applied_routes.as_ref() != Some(&want) {
-            match apply_routes(&want, &known).await {
-                Ok(()) => applied_routes = Some(want),
-                Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot apply the routes to other nodes"),
+            let own = self.cidr().or_else(|| nodes.get(&self.node).and_then(|n| n.pod_cidr));
+            let list: Vec<NodeNet> = nodes.values().cloned().collect();
+            let before = known.len();
+            known.extend(list.iter().filter_map(|n| n.pod_cidr));
+            if known.len() != before {
+                applied_routes = None;
+            }
+            if let Some(own) = own {
+                let cluster: BTreeSet<Cidr> = list.iter().filter_map(|n| n.pod_cidr).collect();
+                let want = (own, cluster);
+                if applied_masq.as_ref() != Some(&want) {
+                    match apply_masquerade(&self.node, &want.0, &want.1).await {
+                        Ok(()) => applied_masq = Some(want),
+                        Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot write the egress masquerade rules"),
+                    }
+                }
+            }
+            let local = match crate::netlink::local_ipv4_addrs().await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "cannot list this host's addresses");
+                    continue;
+                }
+            };
+            let want = desired_routes(&self.node, own.as_ref(), &list, &local);
+            if applied_routes.as_ref() != Some(&want) {
+                match apply_routes(&want, &known).await {
+                    Ok(()) => applied_routes = Some(want),
+                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot apply the routes to other nodes"),
+                }
             }
         }
     }
@@ -417,16 +470,6 @@ pub async fn run_node_network(k: Arc<crate::kubelet::Kubelet>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cidr_parse_and_gateway() {
-        let c: Cidr = "10.244.3.7/24".parse().unwrap();
-        assert_eq!(c.to_string(), "10.244.3.0/24");
-        assert_eq!(c.gateway(), Ipv4Addr::new(10, 244, 3, 1));
-        assert!(c.contains(Ipv4Addr::new(10, 244, 3, 200)));
-        assert!(!c.contains(Ipv4Addr::new(10, 244, 4, 1)));
-        assert!("10.0.0.0".parse::<Cidr>().is_err());
-    }
 
     #[test]
     fn allocation_skips_used_and_reserved() {

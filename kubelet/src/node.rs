@@ -16,8 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference, 
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use crate::cidr::Cidr;
 use crate::kubelet::Kubelet;
-use crate::network::Cidr;
 
 /// Host facts for the Node's status.
 #[derive(Debug, Clone, Default)]
@@ -252,12 +252,10 @@ pub async fn register(k: &Arc<Kubelet>, reg: &Registration, docker_version: &str
 pub async fn update_status(k: &Arc<Kubelet>, port: u16, docker_version: &str) -> Result<()> {
     let api: Api<Node> = Api::all(k.client.clone());
     let node = api.get(&k.node).await.context("getting the Node")?;
-    if k.cidr().is_none() {
+    if k.net.cidr().is_none() {
         if let Some(c) = node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()).and_then(|c| c.parse().ok()) {
-            if let Ok(mut cidr) = k.pod_cidr.lock() {
-                tracing::info!(pod_cidr = %c, "podCIDR from the Node");
-                *cidr = Some(c);
-            }
+            tracing::info!(pod_cidr = %c, "podCIDR from the Node");
+            k.net.set_cidr(c);
         }
     }
     let host = host_facts(&k.root_dir);
@@ -288,7 +286,7 @@ pub async fn heartbeat(k: Arc<Kubelet>, port: u16, docker_version: String) {
             tracing::warn!(error = %format!("{e:#}"), "renewing the node lease failed");
         }
         // Node status every 10 s until the podCIDR is known, then every minute.
-        if n.is_multiple_of(6) || k.cidr().is_none() {
+        if n.is_multiple_of(6) || k.net.cidr().is_none() {
             if let Err(e) = update_status(&k, port, &docker_version).await {
                 tracing::warn!(error = %format!("{e:#}"), "updating the node status failed");
             }

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bollard::query_parameters::EventsOptions;
 use futures::StreamExt;
 use tokio::sync::Notify;
 
@@ -106,15 +105,11 @@ pub async fn run(
 /// Wake the relist whenever Docker reports a container event of this node.
 async fn watch_docker_events(rt: Arc<Runtime>, wake: Arc<Notify>) {
     loop {
-        let filters = HashMap::from([
-            ("type".to_string(), vec!["container".to_string()]),
-            ("label".to_string(), vec![format!("{}={}", crate::labels::NODE, rt.node)]),
-        ]);
-        let mut events = rt.docker.events(Some(EventsOptions { filters: Some(filters), ..Default::default() }));
+        let mut events = std::pin::pin!(rt.container_events());
         while let Some(ev) = events.next().await {
             match ev {
-                Ok(e) => {
-                    if matches!(e.action.as_deref(), Some("start" | "die" | "destroy" | "create")) {
+                Ok(action) => {
+                    if matches!(action.as_str(), "start" | "die" | "destroy" | "create") {
                         wake.notify_one();
                     }
                 }

@@ -6,11 +6,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use apimachinery::quantity;
-use bollard::models::{ContainerCreateBody, HostConfig};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EphemeralContainer, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::labels::{self, Kind, PodRef};
+use crate::runtime::{ContainerCreateBody, HostConfig};
 
 /// A spec the kubelet cannot turn into a container: the pod waits with
 /// `CreateContainerConfigError` and this message.

@@ -8,13 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use bollard::exec::{CreateExecOptions, StartExecResults};
-use bollard::Docker;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::runtime::Runtime;
 use crate::status::ProbeView;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -85,7 +83,7 @@ fn resolve_port(port: &IntOrString, c: &Container) -> Result<u16> {
 
 /// Run one probe once: Ok(true) success, Ok(false) failure.
 pub async fn run_once(
-    docker: &Docker,
+    rt: &Runtime,
     container_id: &str,
     c: &Container,
     p: &Probe,
@@ -95,23 +93,7 @@ pub async fn run_once(
     let fut = async {
         if let Some(e) = &p.exec {
             let cmd = e.command.clone().unwrap_or_default();
-            let exec = docker
-                .create_exec(
-                    container_id,
-                    CreateExecOptions {
-                        cmd: Some(cmd),
-                        attach_stdout: Some(true),
-                        attach_stderr: Some(true),
-                        ..Default::default()
-                    },
-                )
-                .await
-                .context("creating the exec")?;
-            if let StartExecResults::Attached { mut output, .. } = docker.start_exec(&exec.id, None).await? {
-                while output.next().await.is_some() {}
-            }
-            let info = docker.inspect_exec(&exec.id).await?;
-            return Ok(info.exit_code == Some(0));
+            return Ok(rt.run_command(container_id, cmd).await? == Some(0));
         }
         if let Some(h) = &p.http_get {
             let port = resolve_port(&h.port, c)?;
@@ -280,7 +262,7 @@ pub async fn grpc_check(host: &str, port: u16, service: &str, timeout: Duration)
 /// Start the probe tasks of a running container. Returns their handles (abort them when the
 /// container stops).
 pub fn start(
-    docker: Docker,
+    rt: Arc<Runtime>,
     results: ResultMap,
     container_id: String,
     c: Container,
@@ -299,8 +281,8 @@ pub fn start(
         (ProbeKind::Readiness, c.readiness_probe.clone()),
     ] {
         let Some(probe) = probe else { continue };
-        let (docker, results, id, c, ip, wake) =
-            (docker.clone(), results.clone(), container_id.clone(), c.clone(), ip.clone(), wake.clone());
+        let (rt, results, id, c, ip, wake) =
+            (rt.clone(), results.clone(), container_id.clone(), c.clone(), ip.clone(), wake.clone());
         out.push(tokio::spawn(async move {
             let t = timing(&probe);
             let has_startup = c.startup_probe.is_some();
@@ -313,7 +295,7 @@ pub fn start(
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 }
-                let ok = run_once(&docker, &id, &c, &probe, &ip, t.timeout).await.unwrap_or(false);
+                let ok = run_once(&rt, &id, &c, &probe, &ip, t.timeout).await.unwrap_or(false);
                 let before = result;
                 (result, succ, fail) = step(result, ok, succ, fail, &t);
                 if result != before {

@@ -14,11 +14,11 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use bollard::query_parameters::LogsOptions;
 use futures::StreamExt;
 use serde::Deserialize;
 
 use crate::kubelet::Kubelet;
+use crate::runtime::LogOptions;
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -97,30 +97,26 @@ async fn logs(
         (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
             - s) as i32
     });
-    let opts = LogsOptions {
+    let opts = LogOptions {
         follow: truthy(&q.follow),
-        stdout: true,
-        stderr: true,
         timestamps: truthy(&q.timestamps),
-        tail: q.tail_lines.map(|n| n.to_string()).unwrap_or_else(|| "all".into()),
+        tail_lines: q.tail_lines,
         since: since.unwrap_or(0),
-        ..Default::default()
     };
     let limit = q.limit_bytes;
-    let stream = k.rt.docker.logs(&target.id, Some(opts));
+    let stream = k.rt.logs(&target.id, &opts);
     let mut sent = 0usize;
-    let body =
-        stream.map(move |item| item.map(|o| o.into_bytes()).map_err(std::io::Error::other)).take_while(move |item| {
-            let ok = match (limit, item) {
-                (Some(l), Ok(b)) => {
-                    let go = sent < l;
-                    sent += b.len();
-                    go
-                }
-                _ => true,
-            };
-            futures::future::ready(ok)
-        });
+    let body = stream.take_while(move |item| {
+        let ok = match (limit, item) {
+            (Some(l), Ok(b)) => {
+                let go = sent < l;
+                sent += b.len();
+                go
+            }
+            _ => true,
+        };
+        futures::future::ready(ok)
+    });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/plain")
         .body(Body::from_stream(body))

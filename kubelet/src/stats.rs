@@ -3,17 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use bollard::models::ContainerStatsResponse;
-use bollard::query_parameters::StatsOptions;
-use futures::StreamExt;
 use serde_json::{json, Value};
 
 use crate::kubelet::Kubelet;
 use crate::labels::Kind;
-use crate::runtime::State;
+use crate::runtime::{ContainerStats, State};
 
 /// CPU in nanocores between Docker's two samples, and cumulative core-nanoseconds.
-pub fn cpu(s: &ContainerStatsResponse) -> (u64, u64) {
+pub fn cpu(s: &ContainerStats) -> (u64, u64) {
     let cur = s.cpu_stats.clone().unwrap_or_default();
     let pre = s.precpu_stats.clone().unwrap_or_default();
     let total = cur.cpu_usage.as_ref().and_then(|u| u.total_usage).unwrap_or(0);
@@ -29,7 +26,7 @@ pub fn cpu(s: &ContainerStatsResponse) -> (u64, u64) {
 }
 
 /// (usage, working set) bytes: working set = usage − inactive file pages.
-pub fn memory(s: &ContainerStatsResponse) -> (u64, u64) {
+pub fn memory(s: &ContainerStats) -> (u64, u64) {
     let m = s.memory_stats.clone().unwrap_or_default();
     let usage = m.usage.unwrap_or(0);
     let inactive = m
@@ -43,15 +40,7 @@ pub fn memory(s: &ContainerStatsResponse) -> (u64, u64) {
 pub async fn summary(k: &Kubelet) -> anyhow::Result<Value> {
     let records = k.rt.list(None).await?;
     let running: Vec<_> = records.into_iter().filter(|r| r.state == State::Running && r.kind == Kind::App).collect();
-    let samples = futures::future::join_all(running.iter().map(|r| {
-        let docker = k.rt.docker.clone();
-        let id = r.id.clone();
-        async move {
-            let mut s = docker.stats(&id, Some(StatsOptions { stream: false, one_shot: false }));
-            s.next().await.and_then(Result::ok)
-        }
-    }))
-    .await;
+    let samples = futures::future::join_all(running.iter().map(|r| k.rt.stats(&r.id))).await;
     let now = jiff::Timestamp::now().to_string();
     let mut pods: BTreeMap<(String, String, String), Vec<Value>> = BTreeMap::new();
     for (r, s) in running.iter().zip(samples) {
@@ -105,7 +94,7 @@ mod tests {
 
     #[test]
     fn cpu_and_memory_from_docker_stats() {
-        let s: ContainerStatsResponse = serde_json::from_value(json!({
+        let s: ContainerStats = serde_json::from_value(json!({
             "cpu_stats": {"cpu_usage": {"total_usage": 3_000_000_000u64}, "system_cpu_usage": 20_000_000_000u64, "online_cpus": 2},
             "precpu_stats": {"cpu_usage": {"total_usage": 2_500_000_000u64}, "system_cpu_usage": 18_000_000_000u64},
             "memory_stats": {"usage": 1000, "stats": {"inactive_file": 300}}

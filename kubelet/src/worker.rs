@@ -1,10 +1,14 @@
 //! The pod worker: one task per pod UID that reconciles the pod's desired state (its spec,
 //! or its deletion) with what runs in Docker, then reports the pod's status.
 //!
-//! Order of a sync: sandbox (pause container + network) → volumes → init containers one by
-//! one → app containers (with restart policy, back-off, probe kills) → garbage collection
-//! of old instances → status patch when it changed. Deletion: preStop hooks, SIGTERM,
-//! SIGKILL after the grace period, removal, then the grace-period-0 delete of the object.
+//! A sync lists the pod's containers, asks `podactions.rs` what to do and does it: the
+//! decisions (which sandbox, which container to start, kill or leave, which back-off holds
+//! what) are pure functions there; this module only carries them out. Order of a sync:
+//! sandbox (pause container + network) → volumes → init containers one by one → app
+//! containers (with restart policy, back-off, probe kills) → ephemeral containers →
+//! garbage collection of old instances → status patch when it changed. Deletion: preStop
+//! hooks, SIGTERM, SIGKILL after the grace period, removal, then the grace-period-0 delete
+//! of the object.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,10 +25,13 @@ use tokio::sync::mpsc;
 use crate::backoff;
 use crate::kubelet::Kubelet;
 use crate::labels::{self, Kind};
-use crate::network;
+use crate::podactions::{
+    self, compute_gone_pod_actions, compute_pod_actions, BackOffs, ContainerAction, GoneActions, Now, Observed,
+    PodActions, Retry, StartContainer,
+};
 use crate::podconfig::{self, ContainerContext, Lookups};
 use crate::runtime::{ContainerRecord, State};
-use crate::status::{self, instances, ProbeView};
+use crate::status::{self, ProbeView};
 use crate::volumes;
 
 /// Per-pod memory of a worker.
@@ -32,14 +39,14 @@ use crate::volumes;
 struct Worker {
     /// Container name → (reason, message) while it waits.
     waiting: HashMap<String, (String, String)>,
-    /// Image → (retry not before, last delay).
-    image_backoff: HashMap<String, (Instant, Duration)>,
-    /// Container name → (retry not before, last delay) after a failed create/start.
-    start_backoff: HashMap<String, (Instant, Duration)>,
+    /// Image → when to try pulling it again.
+    image_backoff: HashMap<String, Retry>,
+    /// Container name → when to try again after a failed create/start.
+    start_backoff: HashMap<String, Retry>,
     /// Container id → its probe tasks.
     probes: HashMap<String, Vec<tokio::task::JoinHandle<()>>>,
-    /// Retry not before, last delay: after a failed sandbox creation.
-    sandbox_backoff: Option<(Instant, Duration)>,
+    /// When to try again after a failed sandbox creation.
+    sandbox_backoff: Option<Retry>,
     last_status: Option<PodStatus>,
     deleted_object: bool,
     started_at: Option<Instant>,
@@ -100,49 +107,39 @@ pub async fn run(k: Arc<Kubelet>, uid: String, mut rx: mpsc::UnboundedReceiver<(
 
 async fn sync(k: &Arc<Kubelet>, uid: &str, w: &mut Worker) -> Result<Outcome> {
     let records = k.rt.list(Some(uid)).await?;
-    match k.pod(uid) {
-        None => {
-            if !k.synced() {
-                return Ok(Outcome::Again(Duration::from_secs(1)));
-            }
-            if !records.is_empty() {
+    let Some(pod) = k.pod(uid) else {
+        return match compute_gone_pod_actions(k.synced(), &records) {
+            GoneActions::WaitForPodList => Ok(Outcome::Again(Duration::from_secs(1))),
+            GoneActions::Done => Ok(Outcome::Done),
+            GoneActions::RemoveContainers { grace } => {
                 tracing::info!(pod = %uid, "pod is gone from the API: removing its containers");
-                let grace = records
-                    .iter()
-                    .find_map(|r| r.labels.get(labels::GRACE_PERIOD).and_then(|g| g.parse::<u64>().ok()))
-                    .unwrap_or(30)
-                    .min(2);
-                kill_pod(k, uid, &records, None, Duration::from_secs(grace), w).await;
+                kill_pod(k, uid, &records, None, grace, w).await;
+                Ok(Outcome::Done)
             }
-            Ok(Outcome::Done)
-        }
-        Some(pod) if pod.metadata.deletion_timestamp.is_some() => {
-            let grace = pod
-                .metadata
-                .deletion_grace_period_seconds
-                .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
-                .unwrap_or(30)
-                .max(0) as u64;
-            kill_pod(k, uid, &records, Some(&pod), Duration::from_secs(grace), w).await;
-            if !w.deleted_object {
-                let api: Api<Pod> =
-                    Api::namespaced(k.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"));
-                let dp = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
-                    ..Default::default()
-                };
-                match api.delete(pod.metadata.name.as_deref().unwrap_or_default(), &dp).await {
-                    Ok(_) => w.deleted_object = true,
-                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => w.deleted_object = true,
-                    Err(e) => return Err(e).context("final delete of the pod"),
-                }
-                tracing::info!(pod = %pod.metadata.name.clone().unwrap_or_default(), "pod terminated and deleted");
-            }
-            Ok(Outcome::Again(Duration::from_secs(1)))
-        }
-        Some(pod) => run_pod(k, uid, pod, records, w).await,
+        };
+    };
+    run_pod(k, uid, pod, records, w).await
+}
+
+/// The final delete of a pod whose containers are all gone: with grace period 0, for this
+/// UID only (a new pod of the same name is left alone).
+async fn delete_object(k: &Kubelet, uid: &str, pod: &Pod, w: &mut Worker) -> Result<()> {
+    if w.deleted_object {
+        return Ok(());
     }
+    let api: Api<Pod> = Api::namespaced(k.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"));
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+        ..Default::default()
+    };
+    match api.delete(pod.metadata.name.as_deref().unwrap_or_default(), &dp).await {
+        Ok(_) => w.deleted_object = true,
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => w.deleted_object = true,
+        Err(e) => return Err(e).context("final delete of the pod"),
+    }
+    tracing::info!(pod = %pod.metadata.name.clone().unwrap_or_default(), "pod terminated and deleted");
+    Ok(())
 }
 
 /// Stop and remove every container of the pod (preStop hooks first when the pod is known).
@@ -173,10 +170,10 @@ async fn kill_pod(
             if let (Some(h), Some(c)) = (hook, container) {
                 if let Some(e) = h.exec {
                     let cmd = e.command.unwrap_or_default();
-                    let _ = tokio::time::timeout(grace, exec(&k, &id, cmd)).await;
+                    let _ = tokio::time::timeout(grace, k.rt.run_command(&id, cmd)).await;
                 } else if let Some(get) = h.http_get {
                     let probe = k8s_openapi::api::core::v1::Probe { http_get: Some(get), ..Default::default() };
-                    let _ = crate::probes::run_once(&k.rt.docker, &id, &c, &probe, &pod_ip, grace).await;
+                    let _ = crate::probes::run_once(&k.rt, &id, &c, &probe, &pod_ip, grace).await;
                 } else if let Some(sleep) = h.sleep {
                     tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0) as u64).min(grace)).await;
                 }
@@ -204,30 +201,9 @@ async fn kill_pod(
             m.remove(&r.id);
         }
     }
-    k.release_ips(records).await;
-    network::teardown_pod(uid).await;
+    k.net.release_ips(records).await;
+    k.net.detach(uid).await;
     volumes::remove_pod_dir(&k.root_dir, uid);
-}
-
-async fn exec(k: &Kubelet, id: &str, cmd: Vec<String>) -> Result<()> {
-    use bollard::exec::{CreateExecOptions, StartExecResults};
-    use futures::StreamExt;
-    let e =
-        k.rt.docker
-            .create_exec(
-                id,
-                CreateExecOptions {
-                    cmd: Some(cmd),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    ..Default::default()
-                },
-            )
-            .await?;
-    if let StartExecResults::Attached { mut output, .. } = k.rt.docker.start_exec(&e.id, None).await? {
-        while output.next().await.is_some() {}
-    }
-    Ok(())
 }
 
 fn default_pull_policy(image: &str) -> &'static str {
@@ -268,8 +244,8 @@ impl Worker {
         if present && policy != "Always" {
             return Ok(());
         }
-        if let Some((until, _)) = self.image_backoff.get(&image) {
-            if Instant::now() < *until {
+        if let Some(b) = self.image_backoff.get(&image) {
+            if Instant::now() < b.until {
                 if present {
                     return Ok(());
                 }
@@ -282,9 +258,9 @@ impl Worker {
                 Ok(())
             }
             Err(e) => {
-                let prev = self.image_backoff.get(&image).map(|(_, d)| *d);
+                let prev = self.image_backoff.get(&image).map(|b| b.delay);
                 let d = next_delay(prev);
-                self.image_backoff.insert(image.clone(), (Instant::now() + d, d));
+                self.image_backoff.insert(image.clone(), Retry { until: Instant::now() + d, delay: d });
                 if present {
                     // Always, but no registry is reachable: use the local copy.
                     tracing::debug!(image, error = %format!("{e:#}"), "pull failed; using the local image");
@@ -306,8 +282,6 @@ struct PodContext {
     host_network: bool,
     /// The pod's /etc/hosts and /etc/resolv.conf (`host:container` binds, see `dns.rs`).
     dns_binds: Vec<String>,
-    /// Ephemeral container → the Docker id of its running target container.
-    pid_targets: HashMap<String, String>,
 }
 
 async fn fetch_lookups(k: &Kubelet, pod: &Pod) -> Result<Lookups> {
@@ -344,6 +318,20 @@ async fn claim_paths(k: &Kubelet, pod: &Pod) -> Result<volumes::ClaimPaths> {
     Ok(out)
 }
 
+/// Kill requests of failed liveness or startup probes for the pod's running app containers
+/// (container id → message). They stay in the shared results until acted on.
+fn probe_kills(k: &Kubelet, records: &[ContainerRecord]) -> HashMap<String, String> {
+    let Ok(results) = k.probe_results.lock() else { return HashMap::new() };
+    records
+        .iter()
+        .filter(|r| r.state == State::Running && r.kind == Kind::App)
+        .filter_map(|r| Some((r.id.clone(), results.get(&r.id)?.kill.clone()?)))
+        .collect()
+}
+
+/// Sync a pod the API knows: decide (`podactions.rs`), act, and after an act that changes
+/// what runs (a kill, a new sandbox) list the containers again and decide anew, until the
+/// sandbox runs; then the containers.
 async fn run_pod(
     k: &Arc<Kubelet>,
     uid: &str,
@@ -351,221 +339,144 @@ async fn run_pod(
     mut records: Vec<ContainerRecord>,
     w: &mut Worker,
 ) -> Result<Outcome> {
-    let spec = pod.spec.clone().unwrap_or_default();
-    let policy = spec.restart_policy.clone().unwrap_or_else(|| "Always".into());
-    let host_network = spec.host_network == Some(true);
-    let old_phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-    let mut next = RESYNC;
-
-    // A terminal pod keeps nothing running.
-    if old_phase == "Succeeded" || old_phase == "Failed" {
-        for r in records.iter().filter(|r| r.state == State::Running) {
-            k.rt.stop(&r.id, Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64))
-                .await?;
-        }
-        let records = k.rt.list(Some(uid)).await?;
-        report(k, &pod, &records, None, w).await?;
-        return Ok(Outcome::Again(RESYNC));
-    }
-
-    // Containers whose liveness or startup probe failed.
-    let mut changed = false;
-    for r in records.iter().filter(|r| r.state == State::Running && r.kind == Kind::App) {
-        let kill = k.probe_results.lock().ok().and_then(|mut m| m.get_mut(&r.id).and_then(|x| x.kill.take()));
-        if let Some(msg) = kill {
-            tracing::info!(pod = %pod.metadata.name.clone().unwrap_or_default(), container = %r.name, "{msg}");
-            let grace = spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64;
-            k.events.warning(&pod, "Unhealthy", msg.clone());
-            k.events.normal(&pod, "Killing", format!("Stopping container {}", r.name));
-            k.rt.stop(&r.id, Duration::from_secs(grace)).await?;
-            changed = true;
-        }
-    }
-    if changed {
-        records = k.rt.list(Some(uid)).await?;
-    }
-
-    // The sandbox.
-    let sandbox = records
-        .iter()
-        .filter(|r| r.kind == Kind::Sandbox && r.state == State::Running)
-        .max_by_key(|r| r.created)
-        .cloned();
-    let sandbox = match sandbox {
-        Some(s) => s,
-        None => {
-            let all_done = !spec.containers.is_empty()
-                && spec
-                    .containers
-                    .iter()
-                    .all(|c| matches!(instances(&records, &c.name, Kind::App).0, Some(r) if r.state == State::Exited))
-                && policy == "Never";
-            if all_done {
+    let mut kills = probe_kills(k, &records);
+    let (sandbox, steps) = loop {
+        let observed = Observed { records: &records, probe_kills: &kills };
+        let backoffs = BackOffs { sandbox: w.sandbox_backoff, start: &w.start_backoff };
+        match compute_pod_actions(&pod, &observed, Now::current(), &backoffs) {
+            PodActions::KillPod { grace } => {
+                kill_pod(k, uid, &records, Some(&pod), grace, w).await;
+                delete_object(k, uid, &pod, w).await?;
+                return Ok(Outcome::Again(Duration::from_secs(1)));
+            }
+            PodActions::StopTerminal { stop, grace } => {
+                for id in &stop {
+                    k.rt.stop(id, grace).await?;
+                }
+                let records = k.rt.list(Some(uid)).await?;
                 report(k, &pod, &records, None, w).await?;
                 return Ok(Outcome::Again(RESYNC));
             }
-            for r in records.iter().filter(|r| r.state == State::Running) {
-                k.rt.stop(&r.id, Duration::from_secs(2)).await?;
+            PodActions::KillUnhealthy { kills: condemned, grace } => {
+                for kill in condemned {
+                    // Acted on now: the request is used up.
+                    if let Ok(mut m) = k.probe_results.lock() {
+                        if let Some(r) = m.get_mut(&kill.id) {
+                            r.kill = None;
+                        }
+                    }
+                    tracing::info!(pod = %pod.metadata.name.clone().unwrap_or_default(), container = %kill.name, "{}", kill.message);
+                    k.events.warning(&pod, "Unhealthy", kill.message.clone());
+                    k.events.normal(&pod, "Killing", format!("Stopping container {}", kill.name));
+                    k.rt.stop(&kill.id, grace).await?;
+                }
+                kills.clear();
+                records = k.rt.list(Some(uid)).await?;
             }
-            for r in records.iter().filter(|r| r.kind == Kind::Sandbox) {
-                k.rt.remove(&r.id).await?;
+            PodActions::Finished => {
+                report(k, &pod, &records, None, w).await?;
+                return Ok(Outcome::Again(RESYNC));
             }
-            k.release_ips(&records).await;
-            if let Some((until, _)) = w.sandbox_backoff {
-                let now = Instant::now();
-                if now < until {
-                    return Ok(Outcome::Again(until - now));
+            PodActions::CreateSandbox { stop, remove, attempt, wait } => {
+                for id in &stop {
+                    k.rt.stop(id, Duration::from_secs(2)).await?;
+                }
+                for r in &remove {
+                    k.rt.remove(&r.id).await?;
+                }
+                k.net.release_ips(&remove).await;
+                if let Some(wait) = wait {
+                    return Ok(Outcome::Again(wait));
+                }
+                let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+                if let Err(e) = create_sandbox(k, &pod, attempt, host_network).await {
+                    tracing::warn!(pod = %pod.metadata.name.clone().unwrap_or_default(), error = %format!("{e:#}"), "FailedCreatePodSandBox");
+                    k.events.warning(&pod, "FailedCreatePodSandBox", format!("Failed to create pod sandbox: {e:#}"));
+                    let d = (w.sandbox_backoff.map(|b| b.delay * 2).unwrap_or(Duration::from_secs(1)))
+                        .min(Duration::from_secs(30));
+                    w.sandbox_backoff = Some(Retry { until: Instant::now() + d, delay: d });
+                    let records = k.rt.list(Some(uid)).await?;
+                    report(k, &pod, &records, None, w).await?;
+                    return Ok(Outcome::Again(d));
+                }
+                w.sandbox_backoff = None;
+                records = k.rt.list(Some(uid)).await?;
+                if podactions::running_sandbox(&records).is_none() {
+                    return Err(anyhow!("the pause container is not running"));
                 }
             }
-            let attempt =
-                records.iter().filter(|r| r.kind == Kind::Sandbox).map(|r| r.restart_count + 1).max().unwrap_or(0);
-            if let Err(e) = create_sandbox(k, &pod, attempt, host_network).await {
-                tracing::warn!(pod = %pod.metadata.name.clone().unwrap_or_default(), error = %format!("{e:#}"), "FailedCreatePodSandBox");
-                k.events.warning(&pod, "FailedCreatePodSandBox", format!("Failed to create pod sandbox: {e:#}"));
-                let d = (w.sandbox_backoff.map(|(_, d)| d * 2).unwrap_or(Duration::from_secs(1)))
-                    .min(Duration::from_secs(30));
-                w.sandbox_backoff = Some((Instant::now() + d, d));
-                let records = k.rt.list(Some(uid)).await?;
-                report(k, &pod, &records, None, w).await?;
-                return Ok(Outcome::Again(d));
-            }
-            w.sandbox_backoff = None;
-            records = k.rt.list(Some(uid)).await?;
-            records
-                .iter()
-                .filter(|r| r.kind == Kind::Sandbox && r.state == State::Running)
-                .max_by_key(|r| r.created)
-                .cloned()
-                .ok_or_else(|| anyhow!("the pause container is not running"))?
+            PodActions::SyncContainers { sandbox, steps } => break (sandbox, steps),
         }
     };
+    sync_containers(k, uid, &pod, &records, &sandbox, steps, w).await
+}
+
+/// The sandbox runs: prepare the volumes and the pod's DNS files, carry out the container
+/// steps, then clean up (probes of stopped containers, old instances) and report.
+async fn sync_containers(
+    k: &Arc<Kubelet>,
+    uid: &str,
+    pod: &Pod,
+    records: &[ContainerRecord],
+    sandbox: &ContainerRecord,
+    steps: Vec<ContainerAction>,
+    w: &mut Worker,
+) -> Result<Outcome> {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let host_network = spec.host_network == Some(true);
     let pod_ip = if host_network { k.node_ip.clone() } else { sandbox.pod_ip().unwrap_or_default().to_string() };
 
     // Volumes and referenced objects.
-    let lookups = fetch_lookups(k, &pod).await?;
-    let claims = claim_paths(k, &pod).await?;
-    let volume_paths = match volumes::prepare(&k.root_dir, &pod, &lookups, &claims, &pod_ip, &k.node_ip) {
+    let lookups = fetch_lookups(k, pod).await?;
+    let claims = claim_paths(k, pod).await?;
+    let volume_paths = match volumes::prepare(&k.root_dir, pod, &lookups, &claims, &pod_ip, &k.node_ip) {
         Ok(p) => p,
         Err(e) => {
-            for c in spec.init_containers.iter().flatten().chain(spec.containers.iter()) {
-                let running = matches!(instances(&records, &c.name, Kind::App).0, Some(r) if r.state == State::Running);
-                if !running {
-                    w.waiting.insert(c.name.clone(), ("CreateContainerConfigError".into(), e.0.clone()));
-                }
+            for name in podactions::held_by_volumes(&spec, records) {
+                w.waiting.insert(name, ("CreateContainerConfigError".into(), e.0.clone()));
             }
-            report(k, &pod, &records, Some(&pod_ip), w).await?;
+            report(k, pod, records, Some(&pod_ip), w).await?;
             return Ok(Outcome::Again(Duration::from_secs(5)));
         }
     };
     // The pod's /etc/hosts and /etc/resolv.conf, mounted into each of its containers.
-    let dns_binds = crate::dns::write_files(&pod, &pod_ip, &k.dns, &volumes::pod_dir(&k.root_dir, uid))
+    let dns_binds = crate::dns::write_files(pod, &pod_ip, &k.dns, &volumes::pod_dir(&k.root_dir, uid))
         .context("writing the pod's /etc/hosts and /etc/resolv.conf")?;
-    let mut cx = PodContext {
+    let cx = PodContext {
         sandbox_id: sandbox.id.clone(),
         pod_ip: pod_ip.clone(),
         lookups,
         volume_paths,
         host_network,
         dns_binds,
-        pid_targets: HashMap::new(),
     };
 
-    // Init containers, one at a time, unless the app containers already ran.
-    let apps_started = spec.containers.iter().any(|c| instances(&records, &c.name, Kind::App).0.is_some());
-    let mut init_pending = false;
-    if !apps_started {
-        for c in spec.init_containers.iter().flatten() {
-            let (latest, _) = instances(&records, &c.name, Kind::Init);
-            match latest {
-                Some(r) if r.state == State::Exited && r.exit_code == 0 => {
-                    w.waiting.remove(&c.name);
-                    continue;
-                }
-                Some(r) if r.state == State::Running => {}
-                Some(r) if r.state == State::Exited => {
-                    if policy != "Never" {
-                        if let Some(d) = start_container(k, &pod, c, Kind::Init, Some(r), &cx, w).await? {
-                            next = next.min(d);
-                        }
-                    }
-                }
-                Some(r) => {
-                    let r = r.clone();
-                    k.rt.remove(&r.id).await?;
-                    if let Some(d) = start_container(k, &pod, c, Kind::Init, None, &cx, w).await? {
-                        next = next.min(d);
-                    }
-                }
-                None => {
-                    if let Some(d) = start_container(k, &pod, c, Kind::Init, None, &cx, w).await? {
-                        next = next.min(d);
-                    }
+    let mut next = RESYNC;
+    for step in steps {
+        match step {
+            ContainerAction::KeepRunning { container, record } => {
+                w.waiting.remove(&container.name);
+                w.start_backoff.remove(&container.name);
+                ensure_probes(k, uid, pod, &container, &record, &pod_ip, w);
+            }
+            ContainerAction::Forget { name } => {
+                w.waiting.remove(&name);
+            }
+            ContainerAction::Remove { id } => k.rt.remove(&id).await?,
+            ContainerAction::Start(start) => {
+                if let Some(d) = start_container(k, pod, &start, &cx, w).await? {
+                    next = next.min(d);
                 }
             }
-            init_pending = true;
-            break;
-        }
-    }
-
-    if !init_pending {
-        for c in &spec.containers {
-            let (latest, _) = instances(&records, &c.name, Kind::App);
-            let latest = latest.cloned();
-            match latest {
-                Some(r) if r.state == State::Running => {
-                    w.waiting.remove(&c.name);
-                    w.start_backoff.remove(&c.name);
-                    ensure_probes(k, uid, &pod, c, &r, &pod_ip, w);
-                }
-                Some(r) if r.state == State::Exited => {
-                    let restart = policy == "Always" || (policy == "OnFailure" && r.exit_code != 0);
-                    if restart {
-                        if let Some(d) = start_container(k, &pod, c, Kind::App, Some(&r), &cx, w).await? {
-                            next = next.min(d);
-                        }
-                    } else {
-                        w.waiting.remove(&c.name);
-                    }
-                }
-                Some(r) => {
-                    k.rt.remove(&r.id).await?;
-                    if let Some(d) = start_container(k, &pod, c, Kind::App, None, &cx, w).await? {
-                        next = next.min(d);
-                    }
-                }
-                None => {
-                    if let Some(d) = start_container(k, &pod, c, Kind::App, None, &cx, w).await? {
-                        next = next.min(d);
-                    }
-                }
+            ContainerAction::CrashLoopBackOff { name, message, retry_in } => {
+                w.waiting.insert(name, ("CrashLoopBackOff".into(), message));
+                next = next.min(retry_in);
             }
-        }
-    }
-
-    // Ephemeral containers (`kubectl debug`): each started once, even before the pod is
-    // initialized, and never restarted. One that targets a container joins its process
-    // namespace, so it waits for that container to run.
-    for e in spec.ephemeral_containers.iter().flatten() {
-        if instances(&records, &e.name, Kind::Ephemeral).0.is_some() {
-            w.waiting.remove(&e.name);
-            continue;
-        }
-        if let Some(target) = e.target_container_name.as_deref().filter(|t| !t.is_empty()) {
-            match crate::status::named(&records, target).0.filter(|r| r.state == State::Running) {
-                Some(r) => {
-                    cx.pid_targets.insert(e.name.clone(), r.id.clone());
-                }
-                None => {
-                    let msg = format!("waiting for the target container {target:?} to run");
-                    w.waiting.insert(e.name.clone(), ("ContainerCreating".into(), msg));
-                    next = next.min(Duration::from_secs(1));
-                    continue;
-                }
+            ContainerAction::StartBackOff { retry_in } => next = next.min(retry_in),
+            ContainerAction::WaitForTarget { name, message, retry_in } => {
+                w.waiting.insert(name, ("ContainerCreating".into(), message));
+                next = next.min(retry_in);
             }
-        }
-        let c = podconfig::ephemeral_as_container(e);
-        if let Some(d) = start_container(k, &pod, &c, Kind::Ephemeral, None, &cx, w).await? {
-            next = next.min(d);
         }
     }
 
@@ -584,18 +495,11 @@ async fn run_pod(
     }
 
     // Keep the newest two instances of each container (the current and the previous one).
-    let mut by_name: HashMap<(String, Kind), Vec<&ContainerRecord>> = HashMap::new();
-    for r in records.iter().filter(|r| r.state != State::Running && r.kind != Kind::Sandbox) {
-        by_name.entry((r.name.clone(), r.kind)).or_default().push(r);
-    }
-    for (_, mut v) in by_name {
-        v.sort_by_key(|r| std::cmp::Reverse((r.restart_count, r.created)));
-        for r in v.iter().skip(2) {
-            k.rt.remove(&r.id).await?;
-        }
+    for id in podactions::old_instances(&records) {
+        k.rt.remove(&id).await?;
     }
 
-    report(k, &pod, &records, Some(&pod_ip), w).await?;
+    report(k, pod, &records, Some(&pod_ip), w).await?;
     Ok(Outcome::Again(next))
 }
 
@@ -640,54 +544,25 @@ fn ensure_probes(
     let uid = uid.to_string();
     let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || kk.notify(&uid));
     let ip = if pod_ip.is_empty() { "127.0.0.1".to_string() } else { pod_ip.to_string() };
-    let hs = crate::probes::start(k.rt.docker.clone(), k.probe_results.clone(), r.id.clone(), c.clone(), ip, wake);
+    let hs = crate::probes::start(k.rt.clone(), k.probe_results.clone(), r.id.clone(), c.clone(), ip, wake);
     w.probes.insert(r.id.clone(), hs);
 }
 
-fn now_secs() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
-}
-
-fn secs(t: &Option<String>) -> f64 {
-    t.as_ref()
-        .and_then(|s| s.parse::<jiff::Timestamp>().ok())
-        .map(|t| t.as_millisecond() as f64 / 1000.0)
-        .unwrap_or_default()
-}
-
-/// Start (a new instance of) a container unless a back-off holds it; returns when to look
-/// again if it waits.
+/// Start a new instance of a container (the decision's back-offs are passed already);
+/// returns when to look again if it has to wait (image pull, configuration, failed start).
 async fn start_container(
     k: &Arc<Kubelet>,
     pod: &Pod,
-    c: &Container,
-    kind: Kind,
-    previous: Option<&ContainerRecord>,
+    start: &StartContainer,
     cx: &PodContext,
     w: &mut Worker,
 ) -> Result<Option<Duration>> {
+    let c = &start.container;
     let pr = podconfig::pod_ref(pod);
-    let restart_count = previous.map(|p| p.restart_count + 1).unwrap_or(0);
-    if let Some(p) = previous {
-        if let Some(left) = backoff::remaining(p.restart_count, secs(&p.started_at), secs(&p.finished_at), now_secs()) {
-            let d = backoff::delay(p.restart_count, Duration::ZERO).as_secs();
-            let msg = format!(
-                "back-off {d}s restarting failed container={} pod={}_{}({})",
-                c.name, pr.name, pr.namespace, pr.uid
-            );
-            w.waiting.insert(c.name.clone(), ("CrashLoopBackOff".into(), msg));
-            return Ok(Some(left));
-        }
-    }
-    if let Some((until, _)) = w.start_backoff.get(&c.name) {
-        let now = Instant::now();
-        if now < *until {
-            return Ok(Some(*until - now));
-        }
-    }
+    let restart_count = start.previous.as_ref().map(|p| p.restart_count + 1).unwrap_or(0);
     if let Err((reason, msg)) = w.ensure_image(k, c).await {
         w.waiting.insert(c.name.clone(), (reason, msg));
-        let until = w.image_backoff.get(c.image.as_deref().unwrap_or_default()).map(|(u, _)| *u);
+        let until = w.image_backoff.get(c.image.as_deref().unwrap_or_default()).map(|b| b.until);
         return Ok(Some(
             until
                 .map(|u| u.saturating_duration_since(Instant::now()))
@@ -705,13 +580,13 @@ async fn start_container(
     };
     let ccx = ContainerContext {
         node: &k.node,
-        kind,
+        kind: start.kind,
         restart_count,
         sandbox_id: &cx.sandbox_id,
         env,
         volume_paths: &cx.volume_paths,
         host_network: cx.host_network,
-        pid_mode: cx.pid_targets.get(&c.name).map(|id| format!("container:{id}")),
+        pid_mode: start.pid_target.as_ref().map(|id| format!("container:{id}")),
     };
     let mut body = match podconfig::container_body(pod, c, &ccx) {
         Ok(b) => b,
@@ -722,19 +597,19 @@ async fn start_container(
     }
     let name = labels::docker_name(&pr, &c.name, restart_count);
     let fail = |w: &mut Worker, reason: &str, msg: String| {
-        let prev = w.start_backoff.get(&c.name).map(|(_, d)| *d);
+        let prev = w.start_backoff.get(&c.name).map(|b| b.delay);
         let d = next_delay(prev);
-        w.start_backoff.insert(c.name.clone(), (Instant::now() + d, d));
+        w.start_backoff.insert(c.name.clone(), Retry { until: Instant::now() + d, delay: d });
         w.waiting.insert(c.name.clone(), (reason.to_string(), msg));
         Ok(Some(d))
     };
     let id = match k.rt.create(&name, body).await {
         Ok(id) => id,
-        Err(e) => return fail(w, "CreateContainerError", docker_message(&e)),
+        Err(e) => return fail(w, "CreateContainerError", e.to_string()),
     };
     if let Err(e) = k.rt.start(&id).await {
         let _ = k.rt.remove(&id).await;
-        return fail(w, "RunContainerError", docker_message(&e));
+        return fail(w, "RunContainerError", e.to_string());
     }
     w.waiting.remove(&c.name);
     w.start_backoff.remove(&c.name);
@@ -744,23 +619,18 @@ async fn start_container(
     Ok(None)
 }
 
-fn docker_message(e: &bollard::errors::Error) -> String {
-    match e {
-        bollard::errors::Error::DockerResponseServerError { message, .. } => message.clone(),
-        e => e.to_string(),
-    }
-}
-
 async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network: bool) -> Result<()> {
     let pr = podconfig::pod_ref(pod);
     if k.rt.image_present(&k.pause_image).await?.is_none() {
         return Err(anyhow!("pause image {} is not present (build it with scripts/images)", k.pause_image));
     }
-    let (ip, cidr) = if host_network {
+    // The pod's address: the node's own on the host network, otherwise one reserved from the
+    // podCIDR (given back if the sandbox does not come up).
+    let (ip, reserved) = if host_network {
         (k.node_ip.clone(), None)
     } else {
-        let cidr = k.cidr().ok_or_else(|| anyhow!("network is not ready: the node has no podCIDR"))?;
-        (k.allocate_ip(&cidr).await?.to_string(), Some(cidr))
+        let (ip, cidr) = k.net.allocate_ip().await?;
+        (ip.to_string(), Some((ip, cidr)))
     };
     let mut body = podconfig::sandbox_body(pod, &k.node, &k.pause_image, &ip, host_network);
     if let Some(l) = body.labels.as_mut() {
@@ -770,59 +640,28 @@ async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network:
     let id = match k.rt.create(&name, body).await {
         Ok(id) => id,
         Err(e) => {
-            release_ip(k, cidr.map(|_| ip.as_str())).await;
-            return Err(anyhow!(docker_message(&e)));
+            if let Some((ip, _)) = reserved {
+                k.net.release_ip(ip).await;
+            }
+            return Err(anyhow!(e));
         }
     };
     if let Err(e) = k.rt.start(&id).await {
         let _ = k.rt.remove(&id).await;
-        release_ip(k, cidr.map(|_| ip.as_str())).await;
-        return Err(anyhow!("starting the pause container: {}", docker_message(&e)));
-    }
-    if let Some(cidr) = cidr {
-        let setup = async {
-            let bridge = {
-                let mut b = k.bridge.lock().await;
-                match b.as_ref() {
-                    Some(b) => b.clone(),
-                    None => {
-                        let name = network::ensure_bridge(&k.node, &cidr).await?;
-                        *b = Some(name.clone());
-                        name
-                    }
-                }
-            };
-            let info =
-                k.rt.docker.inspect_container(&id, None::<bollard::query_parameters::InspectContainerOptions>).await?;
-            let pid = info
-                .state
-                .and_then(|s| s.pid)
-                .filter(|p| *p > 0)
-                .ok_or_else(|| anyhow!("pause container has no pid"))?;
-            network::setup_pod(&bridge, &pr.uid, pid, ip.parse()?, &cidr).await
-        };
-        if let Err(e) = setup.await {
-            let _ = k.rt.remove(&id).await;
-            release_ip(k, Some(ip.as_str())).await;
-            return Err(e.context("setting up the pod network"));
+        if let Some((ip, _)) = reserved {
+            k.net.release_ip(ip).await;
         }
-        // Hairpin (kubelet's --hairpin-mode=hairpin-veth): a pod reaching itself through a
-        // Service's cluster IP leaves and re-enters by its own bridge port.
-        let (veth, _) = network::veth_names(&pr.uid);
-        if let Err(e) = std::fs::write(format!("/sys/class/net/{veth}/brport/hairpin_mode"), "1") {
-            tracing::warn!(veth, error = %e, "cannot enable hairpin mode: the pod cannot reach itself through a Service");
+        return Err(anyhow!("starting the pause container: {e}"));
+    }
+    if let Some((pod_ip, cidr)) = reserved {
+        if let Err(e) = k.net.attach(&pr.uid, &id, pod_ip, &cidr).await {
+            let _ = k.rt.remove(&id).await;
+            k.net.release_ip(pod_ip).await;
+            return Err(e.context("setting up the pod network"));
         }
     }
     tracing::info!(pod = %format!("{}/{}", pr.namespace, pr.name), ip, "sandbox ready");
     Ok(())
-}
-
-async fn release_ip(k: &Kubelet, ip: Option<&str>) {
-    if let Some(ip) = ip.and_then(|ip| ip.parse::<std::net::Ipv4Addr>().ok()) {
-        if let Some(used) = k.ips.lock().await.as_mut() {
-            used.remove(&ip);
-        }
-    }
 }
 
 /// Compute the status and patch it when it changed.

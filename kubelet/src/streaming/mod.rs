@@ -7,7 +7,7 @@
 //! - this module: options (pure), [`Streams`]/[`Outcome`] — the transport-independent shape of a
 //!   session, the `Status` that ends it (pure) — and the HTTP handlers choosing a transport;
 //! - `websocket.rs`: the `*.channel.k8s.io` WebSocket framing and its driver;
-//! - `exec.rs`: the Docker side (exec and attach through bollard), knowing nothing of transports.
+//! - `exec.rs`: the container side (exec and attach through the runtime), knowing nothing of transports.
 //!
 //! Another transport (SPDY/3.1, for kubectl ≤ 1.29) plugs in by building [`Streams`] and calling
 //! [`exec::run`] with [`Session`]: see [`handle`]. Port-forwarding lives beside (add its route in
@@ -244,12 +244,15 @@ async fn handle(
     if spdy::is_spdy_upgrade(req.headers()) {
         // kubectl ≤ 1.29: the same session over SPDY streams (`spdy_exec.rs`).
         tracing::debug!(%ns, %pod, %container, ?session, transport = %"SPDY", "stream session");
-        let docker = k.rt.docker.clone();
+        let rt = k.rt.clone();
         return spdy::upgrade(req, &spdy_exec::PROTOCOLS, move |io, proto| async move {
             let o = opts.clone();
-            spdy_exec::serve(io, proto, opts, move |streams| async move {
-                exec::run(&docker, session, &id, &o, streams).await
-            })
+            spdy_exec::serve(
+                io,
+                proto,
+                opts,
+                move |streams| async move { exec::run(&rt, session, &id, &o, streams).await },
+            )
             .await
         });
     }
@@ -280,11 +283,11 @@ async fn handle(
         );
     };
     tracing::debug!(%ns, %pod, %container, ?session, ?proto, command = ?opts.command, "stream session");
-    let docker = k.rt.docker.clone();
+    let rt = k.rt.clone();
     ws.on_upgrade(move |socket| async move {
         let (i, o, e) = (opts.stdin, opts.stdout, opts.stderr);
         websocket::serve(socket, proto, i, o, e, move |streams| async move {
-            exec::run(&docker, session, &id, &opts, streams).await
+            exec::run(&rt, session, &id, &opts, streams).await
         })
         .await
     })

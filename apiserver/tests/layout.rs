@@ -1,5 +1,7 @@
-//! The layout rules ARCHITECTURE.md states for the apiserver, checked where a grep can:
-//! the generic store names no kind, and strategies never look up other resources.
+//! The layout rules ARCHITECTURE.md states, checked where a grep can: the apiserver's
+//! generic store names no kind and its strategies never look up other resources; only the
+//! kubelet's runtime.rs talks to Docker; and no crate of the workspace has an import cycle
+//! between its modules (`scripts/check-cycles`).
 
 use std::path::{Path, PathBuf};
 
@@ -55,5 +57,27 @@ fn strategies_never_look_up_other_resources() {
         let code = src(&rel);
         let hits: Vec<&str> = code.lines().filter(|l| l.contains("resources::find")).collect();
         assert!(hits.is_empty(), "{rel} looks up a resource itself (the request path hands it over): {hits:#?}");
+    }
+}
+#[test]
+fn no_crate_has_an_import_cycle() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/check-cycles");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .output()
+        .unwrap_or_else(|e| panic!("python3 {}: {e}", script.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "import cycles:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn only_the_kubelet_s_runtime_talks_to_docker() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kubelet/src");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    for f in files.iter().filter(|f| !f.ends_with("runtime.rs")) {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let hits: Vec<&str> = text.lines().filter(|l| l.contains("bollard")).collect();
+        assert!(hits.is_empty(), "{} uses the Docker client: {hits:#?}", f.display());
     }
 }

@@ -30,9 +30,11 @@ use futures::Stream;
 pub mod compactor;
 pub mod embedded;
 pub mod etcd;
-#[doc(hidden)]
+/// A real etcd started in a temporary directory, for tests and benchmarks.
+#[cfg(feature = "test-support")]
 pub mod etcd_test_server;
-#[doc(hidden)]
+/// The conformance checks every backend runs (`conformance_tests!`).
+#[cfg(feature = "test-support")]
 pub mod testsuite;
 
 pub use compactor::spawn_compactor;

@@ -30,6 +30,7 @@ pub mod protobuf;
 pub mod registry;
 pub mod requestinfo;
 pub mod resources;
+pub mod resourceversion;
 pub mod reviews;
 pub mod selectors;
 pub mod serve;

@@ -932,11 +932,7 @@ async fn serve_watch(
     let cache = state.caches.get(&prefix_of(res, None)).await?;
 
     // Where the stream starts, and the initial events.
-    let rv_num = if rv.is_empty() || rv == "0" {
-        None
-    } else {
-        Some(rv.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?)
-    };
+    let rv_num = crate::resourceversion::parse(&rv)?.filter(|n| *n != 0);
     let wants_initial = match send_initial {
         Some(b) => b,
         None => rv_num.is_none(),
@@ -946,7 +942,7 @@ async fn serve_watch(
         if let Some(n) = rv_num {
             let current = state.registry.store.current_revision().await?;
             if n > current {
-                return Err(ApiError::timeout(format!("Too large resource version: {n}, current: {current}")));
+                return Err(crate::resourceversion::too_large(n, current));
             }
         }
         let list = state

@@ -300,11 +300,9 @@ fn finalizers(obj: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A resourceVersion that must be there.
 fn parse_rv(s: &str) -> ApiResult<Revision> {
-    s.parse::<Revision>()
-        .ok()
-        .filter(|r| *r >= 0)
-        .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {s:?}")))
+    crate::resourceversion::parse(s)?.ok_or_else(|| ApiError::bad_request("invalid resource version: \"\""))
 }
 
 /// Generated-name suffix alphabet (no vowels, no confusable characters), as Kubernetes.
@@ -650,7 +648,7 @@ impl Registry {
     async fn not_older_than(&self, rv: Revision) -> ApiResult<()> {
         let current = self.store.current_revision().await?;
         if rv > current {
-            return Err(ApiError::timeout(format!("Too large resource version: {rv}, current: {current}")));
+            return Err(crate::resourceversion::too_large(rv, current));
         }
         Ok(())
     }

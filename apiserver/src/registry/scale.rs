@@ -95,10 +95,8 @@ pub fn check_scale(desired: &Value, current: &Value, name: &str) -> ApiResult<(i
     }
     let cur_rv = current.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default();
     let precondition = match desired.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
-        Some(rv) if !rv.is_empty() && rv != cur_rv => {
-            Some(rv.parse::<i64>().map_err(|_| ApiError::bad_request("invalid resourceVersion"))?)
-        }
-        Some(rv) if !rv.is_empty() => rv.parse::<i64>().ok(),
+        Some(rv) if !rv.is_empty() && rv != cur_rv => crate::resourceversion::parse(rv)?,
+        Some(rv) => crate::resourceversion::parse(rv).ok().flatten(),
         _ => None,
     };
     Ok((replicas, precondition))

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use apimachinery::labels::{selector_or_nothing, selects};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
@@ -187,8 +188,8 @@ pub fn plan(d: &Deployment, all_rs: &[Arc<ReplicaSet>], pods: &[Arc<Pod>], now: 
     let replicas = spec.replicas.unwrap_or(1);
     let deleting = is_deleting(&d.metadata);
     let paused = spec.paused.unwrap_or(false);
-    let empty_selector = spec.selector.match_labels.as_ref().is_none_or(|m| m.is_empty())
-        && spec.selector.match_expressions.as_ref().is_none_or(|m| m.is_empty());
+    let selector = selector_or_nothing(Some(&spec.selector));
+    let empty_selector = selector.is_empty();
 
     // Owned ReplicaSets (adopting matching orphans).
     let mut owned: Vec<ReplicaSet> = Vec::new();
@@ -197,7 +198,7 @@ pub fn plan(d: &Deployment, all_rs: &[Arc<ReplicaSet>], pods: &[Arc<Pod>], now: 
             Some(r) if r.uid == uid => owned.push(rs.as_ref().clone()),
             None if !deleting
                 && !empty_selector
-                && selector_matches(&spec.selector, &labels(&rs.metadata))
+                && selector.matches(&labels(&rs.metadata))
                 && !is_deleting(&rs.metadata) =>
             {
                 steps.push(Step::AdoptReplicaSet(rs.metadata.name.clone().unwrap_or_default()));
@@ -622,7 +623,7 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder, 
             None => {
                 for d in store.state() {
                     if d.metadata.namespace.as_deref() == Some(&ns)
-                        && selector_matches(&d.spec.selector, &labels(&r.metadata))
+                        && selects(Some(&d.spec.selector), &labels(&r.metadata))
                     {
                         let _ = tx.send(ObjectRef::from_obj(d.as_ref()));
                     }

@@ -13,6 +13,7 @@ use std::cmp::Reverse;
 use std::sync::Arc;
 use std::time::Duration;
 
+use apimachinery::labels::{selector_or_nothing, selects};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
@@ -58,13 +59,14 @@ pub fn plan(rs: &ReplicaSet, pods: &[Arc<Pod>], manage: bool, now: Timestamp) ->
     let uid = rs.metadata.uid.as_deref().unwrap_or_default();
     let ns = rs.metadata.namespace.as_deref().unwrap_or_default();
     let rs_deleting = is_deleting(&rs.metadata);
+    let selector = selector_or_nothing(Some(&spec.selector));
     let mut owned: Vec<&Pod> = Vec::new();
     for p in pods.iter().map(|p| p.as_ref()) {
         if p.metadata.namespace.as_deref() != Some(ns) {
             continue;
         }
         let lbls = labels(&p.metadata);
-        let matches = selector_matches(&spec.selector, &lbls);
+        let matches = selector.matches(&lbls);
         match controller_ref(&p.metadata) {
             Some(r) if r.uid == uid => {
                 if matches || rs_deleting {
@@ -347,7 +349,7 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder, 
             None if !deleted => {
                 let lbls = labels(&pod.metadata);
                 for rs in store.state() {
-                    if rs.metadata.namespace.as_deref() == Some(&ns) && selector_matches(&rs.spec.selector, &lbls) {
+                    if rs.metadata.namespace.as_deref() == Some(&ns) && selects(Some(&rs.spec.selector), &lbls) {
                         let _ = tx.send(ObjectRef::from_obj(rs.as_ref()));
                     }
                 }

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::events::{Recorder, NORMAL, WARNING};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::{CronJob, CronJobStatus, Job};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -21,7 +22,6 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::events::{Recorder, NORMAL, WARNING};
 use crate::informer::{trigger, Informer};
 use crate::util::*;
 use crate::Error;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apimachinery::labels::{selector_or_nothing, selects};
+use common::events::{Recorder, NORMAL};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
@@ -25,7 +26,6 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::{json, Value};
 
-use crate::events::{Recorder, NORMAL};
 use crate::informer::{trigger, Informer};
 use crate::util::*;
 use crate::Error;

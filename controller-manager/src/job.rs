@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::events::{Recorder, NORMAL, WARNING};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
@@ -25,7 +26,6 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::events::{Recorder, NORMAL, WARNING};
 use crate::informer::{trigger, Informer};
 use crate::util::*;
 use crate::Error;

@@ -11,7 +11,6 @@ mod deployment;
 mod discovery;
 mod disruption;
 mod endpoints;
-mod events;
 mod garbagecollector;
 mod informer;
 mod job;
@@ -188,7 +187,8 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(controllers = ?enabled, "starting controllers");
 
     let pods = informer::Informer::start(Api::<Pod>::all(client.clone()));
-    let recorder = |c: &str| events::Recorder::new(client.clone(), c);
+    let events = common::events::Recorder::new(client.clone(), "kube-controller-manager");
+    let recorder = |c: &str| events.for_component(c);
     let mut tasks = tokio::task::JoinSet::new();
     for c in &enabled {
         match *c {

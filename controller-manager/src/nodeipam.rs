@@ -10,6 +10,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::events::{Recorder, WARNING};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -17,7 +18,6 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::events::{Recorder, WARNING};
 use crate::Error;
 
 /// Parse `a.b.c.d/n`.

@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::events::{Recorder, NORMAL};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint};
@@ -26,7 +27,6 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::events::{Recorder, NORMAL};
 use crate::informer::Informer;
 use crate::Error;
 

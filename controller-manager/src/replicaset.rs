@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apimachinery::labels::{selector_or_nothing, selects};
+use common::events::{Recorder, NORMAL, WARNING};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
@@ -25,7 +26,6 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::events::{Recorder, NORMAL, WARNING};
 use crate::informer::{trigger, Informer};
 use crate::util::*;
 use crate::Error;

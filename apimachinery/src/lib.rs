@@ -7,12 +7,14 @@
 //! - [`duration`] — the short human durations `kubectl get` prints in AGE columns.
 //! - [`printers`] — renderings tables and describe share (access modes).
 //! - [`quantity`] — resource quantities (`100m`, `128Mi`) as numbers.
+//! - [`names`] — generated-name suffixes and the hash encoding of `pod-template-hash`.
 //! - [`labels`] — label selectors: the string form, `metav1.LabelSelector`, matching.
 //! - [`validation`] — the rules for names, label keys and label values.
 
 pub mod duration;
 pub mod fieldmanager;
 pub mod labels;
+pub mod names;
 pub mod printers;
 pub mod quantity;
 pub mod strategicpatch;

@@ -102,8 +102,7 @@ pub fn pod_template_hash(t: &PodTemplateSpec, collision_count: Option<i32>) -> S
     if let Some(c) = collision_count {
         feed(&(c as u32).to_le_bytes());
     }
-    const ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    h.to_string().bytes().map(|c| ALPHANUMS[c as usize % ALPHANUMS.len()] as char).collect()
+    apimachinery::names::safe_encode_string(&h.to_string())
 }
 
 /// maxSurge and maxUnavailable resolved against `replicas` (`ResolveFenceposts`).

@@ -229,7 +229,7 @@ fn job_pod(job: &Job, index: Option<i32>) -> Pod {
         None => name.clone(),
     };
     let mut p = pod_from_template(&template, &ns, &prefix, owner_ref(job));
-    p.metadata.name = Some(format!("{prefix}-{}", crate::replicaset::random_suffix()));
+    p.metadata.name = Some(format!("{prefix}-{}", apimachinery::names::random_suffix()));
     p.metadata.generate_name = None;
     if let Some(i) = index {
         p.metadata.annotations.get_or_insert_with(Default::default).insert(INDEX_KEY.into(), i.to_string());

@@ -166,7 +166,7 @@ async fn main() -> anyhow::Result<()> {
     let mut leading = None;
     if args.leader.leader_elect {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
-        let identity = format!("{host}_{}", replicaset::random_suffix());
+        let identity = format!("{host}_{}", apimachinery::names::random_suffix());
         let cfg = args.leader.config(&identity);
         tracing::info!(%identity, "attempting to acquire leader lease {}/{}", cfg.namespace, cfg.name);
         leading = Some(common::leader::LeaderElector::new(client.clone(), cfg).run().await?);

@@ -169,23 +169,6 @@ pub struct Ctx {
     pub recorder: Recorder,
 }
 
-/// A pod name the way the apiserver's `generateName` makes them (5 safe characters).
-pub fn random_suffix() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    const ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    let mut x = h.finish();
-    (0..5)
-        .map(|_| {
-            let c = ALPHANUMS[(x % ALPHANUMS.len() as u64) as usize] as char;
-            x /= ALPHANUMS.len() as u64;
-            c
-        })
-        .collect()
-}
-
 pub async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = rs.metadata.namespace.clone().unwrap_or_default();
     let name = rs.metadata.name.clone().unwrap_or_default();
@@ -232,7 +215,7 @@ pub async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Ctx>) -> Result<Action, Err
             let pods: Vec<Pod> = (0..batch)
                 .map(|_| {
                     let mut p = pod_from_template(&template, &ns, &name, me.clone());
-                    p.metadata.name = Some(format!("{name}-{}", random_suffix()));
+                    p.metadata.name = Some(format!("{name}-{}", apimachinery::names::random_suffix()));
                     p.metadata.generate_name = None;
                     p
                 })

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use apimachinery::names::random_suffix;
 use bytes::Bytes;
 use rand::Rng;
 use serde_json::{json, Value};
@@ -298,14 +299,6 @@ fn parse_rv(s: &str) -> ApiResult<Revision> {
         .ok()
         .filter(|r| *r >= 0)
         .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {s:?}")))
-}
-
-/// Generated-name suffix alphabet (no vowels, no confusable characters), as Kubernetes.
-const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-
-fn random_suffix() -> String {
-    let mut rng = rand::rng();
-    (0..5).map(|_| NAME_ALPHABET[rng.random_range(0..NAME_ALPHABET.len())] as char).collect()
 }
 
 /// Fields of `input` that `normalized` lost (unknown to the typed schema), as paths.

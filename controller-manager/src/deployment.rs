@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use apimachinery::labels::{selector_or_nothing, selects};
 use common::events::{Recorder, NORMAL};
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -27,6 +26,7 @@ use kube::runtime::watcher;
 use serde_json::{json, Value};
 
 use crate::informer::{trigger, Informer};
+use crate::runner::{run_controller, Policy};
 use crate::util::*;
 use crate::Error;
 
@@ -647,17 +647,13 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder, 
     });
     pods.synced().await;
     rs.synced().await;
-    controller
-        .run(
-            reconcile,
-            |_d, e, _| {
-                tracing::warn!(error = %e, "deployment sync failed");
-                Action::requeue(Duration::from_secs(1))
-            },
-            ctx,
-        )
-        .for_each(|r| async move { crate::metrics::sync("deployment", r.is_ok()) })
-        .await;
+    run_controller(
+        controller,
+        reconcile,
+        ctx,
+        Policy { metric: "deployment", what: "deployment", retry: Duration::from_secs(1) },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apimachinery::labels::{selector_or_nothing, selects};
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, ReplicationController};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetStatus};
@@ -31,6 +30,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::informer::{trigger, Informer};
+use crate::runner::{run_controller, Policy};
 use crate::util::{controller_ref, is_deleting, is_pod_ready, labels};
 use crate::Error;
 
@@ -266,17 +266,13 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>) {
         }
     });
     pods.synced().await;
-    controller
-        .run(
-            reconcile,
-            |_p, e, _| {
-                tracing::warn!(error = %e, "disruption budget sync failed");
-                Action::requeue(Duration::from_secs(2))
-            },
-            ctx,
-        )
-        .for_each(|r| async move { crate::metrics::sync("disruption", r.is_ok()) })
-        .await;
+    run_controller(
+        controller,
+        reconcile,
+        ctx,
+        Policy { metric: "disruption", what: "disruption budget", retry: Duration::from_secs(2) },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::events::{Recorder, NORMAL, WARNING};
-use futures::StreamExt;
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -27,6 +26,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use crate::informer::{trigger, Informer};
+use crate::runner::{run_controller, Policy};
 use crate::util::*;
 use crate::Error;
 
@@ -328,16 +328,7 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder) 
         }
     });
     pods.synced().await;
-    controller
-        .run(
-            reconcile,
-            |_j, e, _| {
-                tracing::warn!(error = %e, "job sync failed");
-                Action::requeue(Duration::from_secs(1))
-            },
-            ctx,
-        )
-        .for_each(|r| async move { crate::metrics::sync("job", r.is_ok()) })
+    run_controller(controller, reconcile, ctx, Policy { metric: "job", what: "job", retry: Duration::from_secs(1) })
         .await;
 }
 

@@ -19,6 +19,7 @@ mod namespace;
 mod nodeipam;
 mod nodelifecycle;
 mod replicaset;
+mod runner;
 mod serviceaccount;
 mod util;
 

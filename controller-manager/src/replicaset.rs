@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use apimachinery::labels::{selector_or_nothing, selects};
 use common::events::{Recorder, NORMAL, WARNING};
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
@@ -27,6 +26,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use crate::informer::{trigger, Informer};
+use crate::runner::{run_controller, Policy};
 use crate::util::*;
 use crate::Error;
 
@@ -341,15 +341,8 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder, 
         }
     });
     pods.synced().await;
-    controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| async move { crate::metrics::sync("replicaset", r.is_ok()) })
-        .await;
-}
-
-fn error_policy(_rs: Arc<ReplicaSet>, e: &Error, _ctx: Arc<Ctx>) -> Action {
-    tracing::warn!(error = %e, "replicaset sync failed");
-    Action::requeue(Duration::from_secs(1))
+    let policy = Policy { metric: "replicaset", what: "replicaset", retry: Duration::from_secs(1) };
+    run_controller(controller, reconcile, ctx, policy).await;
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! MiniK8s API machinery: pure functions that the apiserver and our kubectl share.
+//! MiniK8s API machinery: pure functions that the apiserver, our kubectl, the scheduler and
+//! the controller-manager share.
 //!
 //! - [`strategicpatch`] — Kubernetes' strategic merge patch, driven by the OpenAPI schema's
 //!   `x-kubernetes-patch-merge-key` / `x-kubernetes-patch-strategy` extensions.
@@ -6,9 +7,15 @@
 //! - [`duration`] — the short human durations `kubectl get` prints in AGE columns.
 //! - [`printers`] — renderings tables and describe share (access modes).
 //! - [`quantity`] — resource quantities (`100m`, `128Mi`) as numbers.
+//! - [`names`] — generated-name suffixes and the hash encoding of `pod-template-hash`.
+//! - [`labels`] — label selectors: the string form, `metav1.LabelSelector`, matching.
+//! - [`validation`] — the rules for names, label keys and label values.
 
 pub mod duration;
 pub mod fieldmanager;
+pub mod labels;
+pub mod names;
 pub mod printers;
 pub mod quantity;
 pub mod strategicpatch;
+pub mod validation;

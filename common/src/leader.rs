@@ -45,6 +45,97 @@ impl Config {
     }
 }
 
+// The `--leader-elect*` flags kube-controller-manager and kube-scheduler share; a binary
+// flattens them into its own (`#[command(flatten)]`) and gives `--leader-elect-resource-name`
+// its default with `default_name`. (Plain comments: clap would print a doc comment here
+// as the binary's description.)
+#[derive(clap::Args, Clone, Debug)]
+#[group(id = "leader-election")]
+pub struct Args {
+    /// Start a leader election client and gain leadership before doing any work.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// How long after the leader's last renewal another candidate may take the Lease over.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it gives up leading.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How long a candidate waits between attempts to acquire or renew.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+    /// The name of the Lease.
+    #[arg(long)]
+    pub leader_elect_resource_name: String,
+    /// The namespace of the Lease.
+    #[arg(long, default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+}
+
+/// The argument id of `--leader-elect-resource-name`, for `mut_arg`.
+pub const RESOURCE_NAME: &str = "leader_elect_resource_name";
+
+/// What a binary does to `--leader-elect-resource-name` (its Lease's name) to make `name` its
+/// default; [`Args`] flattened into its flags:
+///
+/// ```
+/// #[derive(clap::Parser)]
+/// #[command(mut_arg(common::leader::RESOURCE_NAME, common::leader::default_name("kube-scheduler")))]
+/// struct Flags {
+///     #[command(flatten)]
+///     leader: common::leader::Args,
+/// }
+/// # use clap::Parser;
+/// let flags = Flags::parse_from(["scheduler", "--leader-elect-lease-duration=1m30s"]);
+/// let config = flags.leader.config("me");
+/// assert_eq!((config.namespace.as_str(), config.name.as_str()), ("kube-system", "kube-scheduler"));
+/// assert_eq!(config.lease_duration, std::time::Duration::from_secs(90));
+/// ```
+pub fn default_name(name: &'static str) -> impl FnOnce(clap::Arg) -> clap::Arg {
+    move |a| a.default_value(name).required(false)
+}
+
+impl Args {
+    /// The election these flags ask for, as candidate `identity`.
+    pub fn config(&self, identity: &str) -> Config {
+        Config {
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+            ..Config::new(&self.leader_elect_resource_namespace, &self.leader_elect_resource_name, identity)
+        }
+    }
+}
+
+/// A duration in Go's syntax, as Kubernetes' flags take them: `15s`, `1m30s`, `500ms`, `2h`
+/// (units ns, us, µs, ms, s, m, h; a unit is required).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let mut total = Duration::ZERO;
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let n_end =
+            rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or(format!("missing unit in duration {s:?}"))?;
+        let n: f64 = rest[..n_end].parse().map_err(|_| format!("invalid duration {s:?}"))?;
+        rest = &rest[n_end..];
+        let u_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let mult = match &rest[..u_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            u => return Err(format!("unknown unit {u:?} in duration {s:?}")),
+        };
+        total += Duration::from_secs_f64(n * mult);
+        rest = &rest[u_end..];
+    }
+    Ok(total)
+}
+
 /// What a candidate should write given the Lease it read (None = absent) at `now`.
 #[derive(Debug, PartialEq)]
 pub enum Decision {
@@ -174,9 +265,62 @@ impl LeaderElector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
+    }
+
+    #[derive(Parser, Debug)]
+    #[command(mut_arg(RESOURCE_NAME, default_name("kube-test")))]
+    struct Flags {
+        #[command(flatten)]
+        leader: Args,
+    }
+
+    #[test]
+    fn flags_and_their_defaults() {
+        let f = Flags::try_parse_from(["test"]).unwrap();
+        assert!(f.leader.leader_elect);
+        let c = f.leader.config("me");
+        assert_eq!((c.namespace.as_str(), c.name.as_str(), c.identity.as_str()), ("kube-system", "kube-test", "me"));
+        let d = Config::new("kube-system", "kube-test", "me");
+        assert_eq!(
+            (c.lease_duration, c.renew_deadline, c.retry_period),
+            (d.lease_duration, d.renew_deadline, d.retry_period)
+        );
+
+        let f = Flags::try_parse_from([
+            "test",
+            "--leader-elect=false",
+            "--leader-elect-lease-duration=4s",
+            "--leader-elect-renew-deadline=3s",
+            "--leader-elect-retry-period=500ms",
+            "--leader-elect-resource-name=other",
+            "--leader-elect-resource-namespace=ns",
+        ])
+        .unwrap();
+        assert!(!f.leader.leader_elect);
+        let c = f.leader.config("me");
+        assert_eq!((c.namespace.as_str(), c.name.as_str()), ("ns", "other"));
+        assert_eq!(
+            (c.lease_duration, c.renew_deadline, c.retry_period),
+            (Duration::from_secs(4), Duration::from_secs(3), Duration::from_millis(500))
+        );
+        // `--leader-elect` alone means true.
+        assert!(Flags::try_parse_from(["test", "--leader-elect"]).unwrap().leader.leader_elect);
+        assert!(Flags::try_parse_from(["test", "--leader-elect-lease-duration=15"]).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("15s").unwrap(), Duration::from_secs(15));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        for bad in ["5", "", "5x", "s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

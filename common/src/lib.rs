@@ -3,9 +3,11 @@
 //! - [`init_tracing`]: `tracing` logs with a `-v`-style level or `RUST_LOG`;
 //! - [`serve_health`]: `/healthz`, `/readyz` and Prometheus `/metrics` on one port;
 //! - [`leader`]: leader election over a `coordination.k8s.io/v1` Lease;
+//! - [`events`]: core/v1 Events, written in the background;
 //! - [`memory`]: freed heap pages returned to the system now and then;
 //! - [`lock`]: process locks, so what must be unique on a host runs once.
 
+pub mod events;
 pub mod leader;
 pub mod lock;
 pub mod memory;

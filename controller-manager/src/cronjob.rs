@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use common::events::{Recorder, NORMAL, WARNING};
 use k8s_openapi::api::batch::v1::{CronJob, CronJobStatus, Job};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -21,8 +21,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::events::{Recorder, NORMAL, WARNING};
 use crate::informer::{trigger, Informer};
+use crate::runner::{run_controller, Policy};
 use crate::util::*;
 use crate::Error;
 
@@ -373,17 +373,13 @@ pub async fn run(client: kube::Client, recorder: Recorder) {
         }
     });
     jobs.synced().await;
-    controller
-        .run(
-            reconcile,
-            |_c, e, _| {
-                tracing::warn!(error = %e, "cronjob sync failed");
-                Action::requeue(Duration::from_secs(2))
-            },
-            ctx,
-        )
-        .for_each(|r| async move { crate::metrics::sync("cronjob", r.is_ok()) })
-        .await;
+    run_controller(
+        controller,
+        reconcile,
+        ctx,
+        Policy { metric: "cronjob", what: "cronjob", retry: Duration::from_secs(2) },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use apimachinery::labels::{selector_or_nothing, selects};
+use common::events::{Recorder, NORMAL};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -24,8 +25,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::{json, Value};
 
-use crate::events::{Recorder, NORMAL};
 use crate::informer::{trigger, Informer};
+use crate::runner::{run_controller, Policy};
 use crate::util::*;
 use crate::Error;
 
@@ -101,8 +102,7 @@ pub fn pod_template_hash(t: &PodTemplateSpec, collision_count: Option<i32>) -> S
     if let Some(c) = collision_count {
         feed(&(c as u32).to_le_bytes());
     }
-    const ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    h.to_string().bytes().map(|c| ALPHANUMS[c as usize % ALPHANUMS.len()] as char).collect()
+    apimachinery::names::safe_encode_string(&h.to_string())
 }
 
 /// maxSurge and maxUnavailable resolved against `replicas` (`ResolveFenceposts`).
@@ -187,8 +187,8 @@ pub fn plan(d: &Deployment, all_rs: &[Arc<ReplicaSet>], pods: &[Arc<Pod>], now: 
     let replicas = spec.replicas.unwrap_or(1);
     let deleting = is_deleting(&d.metadata);
     let paused = spec.paused.unwrap_or(false);
-    let empty_selector = spec.selector.match_labels.as_ref().is_none_or(|m| m.is_empty())
-        && spec.selector.match_expressions.as_ref().is_none_or(|m| m.is_empty());
+    let selector = selector_or_nothing(Some(&spec.selector));
+    let empty_selector = selector.is_empty();
 
     // Owned ReplicaSets (adopting matching orphans).
     let mut owned: Vec<ReplicaSet> = Vec::new();
@@ -197,7 +197,7 @@ pub fn plan(d: &Deployment, all_rs: &[Arc<ReplicaSet>], pods: &[Arc<Pod>], now: 
             Some(r) if r.uid == uid => owned.push(rs.as_ref().clone()),
             None if !deleting
                 && !empty_selector
-                && selector_matches(&spec.selector, &labels(&rs.metadata))
+                && selector.matches(&labels(&rs.metadata))
                 && !is_deleting(&rs.metadata) =>
             {
                 steps.push(Step::AdoptReplicaSet(rs.metadata.name.clone().unwrap_or_default()));
@@ -622,7 +622,7 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder, 
             None => {
                 for d in store.state() {
                     if d.metadata.namespace.as_deref() == Some(&ns)
-                        && selector_matches(&d.spec.selector, &labels(&r.metadata))
+                        && selects(Some(&d.spec.selector), &labels(&r.metadata))
                     {
                         let _ = tx.send(ObjectRef::from_obj(d.as_ref()));
                     }
@@ -647,17 +647,13 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder, 
     });
     pods.synced().await;
     rs.synced().await;
-    controller
-        .run(
-            reconcile,
-            |_d, e, _| {
-                tracing::warn!(error = %e, "deployment sync failed");
-                Action::requeue(Duration::from_secs(1))
-            },
-            ctx,
-        )
-        .for_each(|r| async move { crate::metrics::sync("deployment", r.is_ok()) })
-        .await;
+    run_controller(
+        controller,
+        reconcile,
+        ctx,
+        Policy { metric: "deployment", what: "deployment", retry: Duration::from_secs(1) },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use apimachinery::labels::{selector_or_nothing, selects};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, ReplicationController};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetStatus};
@@ -30,7 +30,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::informer::{trigger, Informer};
-use crate::util::{controller_ref, is_deleting, is_pod_ready, labels, selector_matches};
+use crate::runner::{run_controller, Policy};
+use crate::util::{controller_ref, is_deleting, is_pod_ready, labels};
 use crate::Error;
 
 /// How long an evicted pod stays out of the healthy count while it is not yet gone
@@ -170,8 +171,9 @@ struct Ctx {
 fn selected<'a>(pdb: &PodDisruptionBudget, pods: &'a [Arc<Pod>]) -> Vec<&'a Pod> {
     let ns = pdb.metadata.namespace.as_deref();
     let Some(sel) = pdb.spec.as_ref().and_then(|s| s.selector.as_ref()) else { return vec![] };
+    let sel = selector_or_nothing(Some(sel));
     pods.iter()
-        .filter(|p| p.metadata.namespace.as_deref() == ns && selector_matches(sel, &labels(&p.metadata)))
+        .filter(|p| p.metadata.namespace.as_deref() == ns && sel.matches(&labels(&p.metadata)))
         .map(|p| p.as_ref())
         .collect()
 }
@@ -258,23 +260,19 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>) {
         let lbls = labels(&pod.metadata);
         for pdb in store.state() {
             let sel = pdb.spec.as_ref().and_then(|s| s.selector.as_ref());
-            if pdb.metadata.namespace == pod.metadata.namespace && sel.is_some_and(|s| selector_matches(s, &lbls)) {
+            if pdb.metadata.namespace == pod.metadata.namespace && selects(sel, &lbls) {
                 let _ = tx.send(ObjectRef::from_obj(pdb.as_ref()));
             }
         }
     });
     pods.synced().await;
-    controller
-        .run(
-            reconcile,
-            |_p, e, _| {
-                tracing::warn!(error = %e, "disruption budget sync failed");
-                Action::requeue(Duration::from_secs(2))
-            },
-            ctx,
-        )
-        .for_each(|r| async move { crate::metrics::sync("disruption", r.is_ok()) })
-        .await;
+    run_controller(
+        controller,
+        reconcile,
+        ctx,
+        Policy { metric: "disruption", what: "disruption budget", retry: Duration::from_secs(2) },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointSubset, Endpoints, ObjectReference, Pod, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -23,6 +22,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::informer::{trigger, Informer};
+use crate::runner::{run_controller, Policy};
 use crate::util::*;
 use crate::Error;
 
@@ -341,24 +341,17 @@ async fn run_with(client: kube::Client, pods: Informer<Pod>, slices: bool) {
             }
         }
     });
-    let policy = |_s: Arc<Service>, e: &Error, _c: Arc<Ctx>| {
-        tracing::warn!(error = %e, "endpoints sync failed");
-        Action::requeue(Duration::from_secs(1))
-    };
     pods.synced().await;
     if let Some(s) = &slice_informer {
         s.synced().await;
     }
+    let retry = Duration::from_secs(1);
     if slices {
-        controller
-            .run(reconcile_slices, policy, ctx)
-            .for_each(|r| async move { crate::metrics::sync("endpointslice", r.is_ok()) })
-            .await;
+        let policy = Policy { metric: "endpointslice", what: "endpoints", retry };
+        run_controller(controller, reconcile_slices, ctx, policy).await;
     } else {
-        controller
-            .run(reconcile_endpoints, policy, ctx)
-            .for_each(|r| async move { crate::metrics::sync("endpoints", r.is_ok()) })
-            .await;
+        let policy = Policy { metric: "endpoints", what: "endpoints", retry };
+        run_controller(controller, reconcile_endpoints, ctx, policy).await;
     }
 }
 

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use common::events::{Recorder, NORMAL, WARNING};
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
 use k8s_openapi::api::core::v1::{EnvVar, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -25,8 +25,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::events::{Recorder, NORMAL, WARNING};
 use crate::informer::{trigger, Informer};
+use crate::runner::{run_controller, Policy};
 use crate::util::*;
 use crate::Error;
 
@@ -229,7 +229,7 @@ fn job_pod(job: &Job, index: Option<i32>) -> Pod {
         None => name.clone(),
     };
     let mut p = pod_from_template(&template, &ns, &prefix, owner_ref(job));
-    p.metadata.name = Some(format!("{prefix}-{}", crate::replicaset::random_suffix()));
+    p.metadata.name = Some(format!("{prefix}-{}", apimachinery::names::random_suffix()));
     p.metadata.generate_name = None;
     if let Some(i) = index {
         p.metadata.annotations.get_or_insert_with(Default::default).insert(INDEX_KEY.into(), i.to_string());
@@ -328,16 +328,7 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder) 
         }
     });
     pods.synced().await;
-    controller
-        .run(
-            reconcile,
-            |_j, e, _| {
-                tracing::warn!(error = %e, "job sync failed");
-                Action::requeue(Duration::from_secs(1))
-            },
-            ctx,
-        )
-        .for_each(|r| async move { crate::metrics::sync("job", r.is_ok()) })
+    run_controller(controller, reconcile, ctx, Policy { metric: "job", what: "job", retry: Duration::from_secs(1) })
         .await;
 }
 

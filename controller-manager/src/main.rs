@@ -11,7 +11,6 @@ mod deployment;
 mod discovery;
 mod disruption;
 mod endpoints;
-mod events;
 mod garbagecollector;
 mod informer;
 mod job;
@@ -20,6 +19,7 @@ mod namespace;
 mod nodeipam;
 mod nodelifecycle;
 mod replicaset;
+mod runner;
 mod serviceaccount;
 mod util;
 
@@ -86,6 +86,12 @@ pub fn enabled_controllers(spec: &str) -> Result<Vec<&'static str>, String> {
 
 #[derive(Parser, Debug)]
 #[command(name = "controller-manager", about = "MiniK8s controller manager")]
+#[command(mut_arg(common::leader::RESOURCE_NAME, common::leader::default_name("kube-controller-manager")))]
+// The controller-manager's durations keep its own syntax (`parse_duration`), the leader
+// election's three too.
+#[command(mut_arg("leader_elect_lease_duration", |a| a.value_parser(parse_duration)))]
+#[command(mut_arg("leader_elect_renew_deadline", |a| a.value_parser(parse_duration)))]
+#[command(mut_arg("leader_elect_retry_period", |a| a.value_parser(parse_duration)))]
 struct Args {
     /// Path to a kubeconfig file.
     #[arg(long)]
@@ -97,19 +103,8 @@ struct Args {
     /// `-foo` disables foo.
     #[arg(long, default_value = "*")]
     controllers: String,
-    /// Run leader election on a Lease before doing any work.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    leader_elect: bool,
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    leader_elect_lease_duration: Duration,
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    leader_elect_renew_deadline: Duration,
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    leader_elect_retry_period: Duration,
-    #[arg(long, default_value = "kube-controller-manager")]
-    leader_elect_resource_name: String,
-    #[arg(long, default_value = "kube-system")]
-    leader_elect_resource_namespace: String,
+    #[command(flatten)]
+    leader: common::leader::Args,
     /// CIDR range for pods in the cluster (node IPAM).
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,
@@ -170,17 +165,10 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(%bound, "serving /healthz and /metrics");
 
     let mut leading = None;
-    if args.leader_elect {
+    if args.leader.leader_elect {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
-        let identity = format!("{host}_{}", replicaset::random_suffix());
-        let mut cfg = common::leader::Config::new(
-            &args.leader_elect_resource_namespace,
-            &args.leader_elect_resource_name,
-            &identity,
-        );
-        cfg.lease_duration = args.leader_elect_lease_duration;
-        cfg.renew_deadline = args.leader_elect_renew_deadline;
-        cfg.retry_period = args.leader_elect_retry_period;
+        let identity = format!("{host}_{}", apimachinery::names::random_suffix());
+        let cfg = args.leader.config(&identity);
         tracing::info!(%identity, "attempting to acquire leader lease {}/{}", cfg.namespace, cfg.name);
         leading = Some(common::leader::LeaderElector::new(client.clone(), cfg).run().await?);
     }
@@ -188,7 +176,8 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(controllers = ?enabled, "starting controllers");
 
     let pods = informer::Informer::start(Api::<Pod>::all(client.clone()));
-    let recorder = |c: &str| events::Recorder::new(client.clone(), c);
+    let events = common::events::Recorder::new(client.clone(), "kube-controller-manager");
+    let recorder = |c: &str| events.for_component(c);
     let mut tasks = tokio::task::JoinSet::new();
     for c in &enabled {
         match *c {
@@ -287,6 +276,33 @@ mod tests {
         assert!(!e.contains(&"job") && e.contains(&"replicaset"));
         assert_eq!(enabled_controllers("replicaset,deployment").unwrap(), vec!["replicaset", "deployment"]);
         assert!(enabled_controllers("*,nope").is_err());
+    }
+
+    #[test]
+    fn leader_election_flags() {
+        let a = Args::try_parse_from(["controller-manager"]).unwrap();
+        assert!(a.leader.leader_elect);
+        let c = a.leader.config("me");
+        assert_eq!((c.namespace.as_str(), c.name.as_str()), ("kube-system", "kube-controller-manager"));
+        assert_eq!(
+            (c.lease_duration, c.renew_deadline, c.retry_period),
+            (Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2))
+        );
+        // This binary's duration syntax: a bare number is seconds.
+        let a = Args::try_parse_from([
+            "controller-manager",
+            "--leader-elect=false",
+            "--leader-elect-lease-duration=4",
+            "--leader-elect-renew-deadline=3s",
+            "--leader-elect-retry-period=500ms",
+        ])
+        .unwrap();
+        assert!(!a.leader.leader_elect);
+        let c = a.leader.config("me");
+        assert_eq!(
+            (c.lease_duration, c.renew_deadline, c.retry_period),
+            (Duration::from_secs(4), Duration::from_secs(3), Duration::from_millis(500))
+        );
     }
 
     #[test]

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, NamespaceCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -22,6 +21,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::json;
 
+use crate::runner::{run_controller, Policy};
 use crate::Error;
 
 pub const FINALIZER: &str = "kubernetes";
@@ -190,17 +190,13 @@ async fn reconcile(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, Error> {
 
 pub async fn run(client: kube::Client) {
     let ctx = Arc::new(Ctx { client: client.clone() });
-    Controller::new(Api::<Namespace>::all(client), watcher::Config::default())
-        .run(
-            reconcile,
-            |_n, e, _| {
-                tracing::warn!(error = %e, "namespace sync failed");
-                Action::requeue(Duration::from_secs(2))
-            },
-            ctx,
-        )
-        .for_each(|r| async move { crate::metrics::sync("namespace", r.is_ok()) })
-        .await;
+    run_controller(
+        Controller::new(Api::<Namespace>::all(client), watcher::Config::default()),
+        reconcile,
+        ctx,
+        Policy { metric: "namespace", what: "namespace", retry: Duration::from_secs(2) },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -10,14 +10,14 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use common::events::{Recorder, WARNING};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::events::{Recorder, WARNING};
+use crate::runner::{run_controller, Policy};
 use crate::Error;
 
 /// Parse `a.b.c.d/n`.
@@ -106,17 +106,13 @@ pub async fn run(client: kube::Client, cidr: String, mask: u8, recorder: Recorde
             c.pending.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| !seen.contains(p));
         }
     });
-    controller
-        .run(
-            reconcile,
-            |_n, e, _| {
-                tracing::warn!(error = %e, "node ipam sync failed");
-                Action::requeue(Duration::from_secs(2))
-            },
-            ctx,
-        )
-        .for_each(|r| async move { crate::metrics::sync("nodeipam", r.is_ok()) })
-        .await;
+    run_controller(
+        controller,
+        reconcile,
+        ctx,
+        Policy { metric: "nodeipam", what: "node ipam", retry: Duration::from_secs(2) },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use common::events::{Recorder, NORMAL};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -26,8 +26,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::events::{Recorder, NORMAL};
 use crate::informer::Informer;
+use crate::runner::{run_controller, Policy};
 use crate::Error;
 
 pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
@@ -218,17 +218,13 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, settings: Settings, 
     let ctx = Arc::new(Ctx { client: client.clone(), leases: leases.clone(), pods: pods.clone(), settings, recorder });
     pods.synced().await;
     leases.synced().await;
-    Controller::new(Api::<Node>::all(client), watcher::Config::default())
-        .run(
-            reconcile,
-            |_n, e, _| {
-                tracing::warn!(error = %e, "node lifecycle sync failed");
-                Action::requeue(Duration::from_secs(2))
-            },
-            ctx,
-        )
-        .for_each(|r| async move { crate::metrics::sync("nodelifecycle", r.is_ok()) })
-        .await;
+    run_controller(
+        Controller::new(Api::<Node>::all(client), watcher::Config::default()),
+        reconcile,
+        ctx,
+        Policy { metric: "nodelifecycle", what: "node lifecycle", retry: Duration::from_secs(2) },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ use std::cmp::Reverse;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use apimachinery::labels::{selector_or_nothing, selects};
+use common::events::{Recorder, NORMAL, WARNING};
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
@@ -24,8 +25,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::events::{Recorder, NORMAL, WARNING};
 use crate::informer::{trigger, Informer};
+use crate::runner::{run_controller, Policy};
 use crate::util::*;
 use crate::Error;
 
@@ -58,13 +59,14 @@ pub fn plan(rs: &ReplicaSet, pods: &[Arc<Pod>], manage: bool, now: Timestamp) ->
     let uid = rs.metadata.uid.as_deref().unwrap_or_default();
     let ns = rs.metadata.namespace.as_deref().unwrap_or_default();
     let rs_deleting = is_deleting(&rs.metadata);
+    let selector = selector_or_nothing(Some(&spec.selector));
     let mut owned: Vec<&Pod> = Vec::new();
     for p in pods.iter().map(|p| p.as_ref()) {
         if p.metadata.namespace.as_deref() != Some(ns) {
             continue;
         }
         let lbls = labels(&p.metadata);
-        let matches = selector_matches(&spec.selector, &lbls);
+        let matches = selector.matches(&lbls);
         match controller_ref(&p.metadata) {
             Some(r) if r.uid == uid => {
                 if matches || rs_deleting {
@@ -167,23 +169,6 @@ pub struct Ctx {
     pub recorder: Recorder,
 }
 
-/// A pod name the way the apiserver's `generateName` makes them (5 safe characters).
-pub fn random_suffix() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    const ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    let mut x = h.finish();
-    (0..5)
-        .map(|_| {
-            let c = ALPHANUMS[(x % ALPHANUMS.len() as u64) as usize] as char;
-            x /= ALPHANUMS.len() as u64;
-            c
-        })
-        .collect()
-}
-
 pub async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = rs.metadata.namespace.clone().unwrap_or_default();
     let name = rs.metadata.name.clone().unwrap_or_default();
@@ -230,7 +215,7 @@ pub async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Ctx>) -> Result<Action, Err
             let pods: Vec<Pod> = (0..batch)
                 .map(|_| {
                     let mut p = pod_from_template(&template, &ns, &name, me.clone());
-                    p.metadata.name = Some(format!("{name}-{}", random_suffix()));
+                    p.metadata.name = Some(format!("{name}-{}", apimachinery::names::random_suffix()));
                     p.metadata.generate_name = None;
                     p
                 })
@@ -347,7 +332,7 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder, 
             None if !deleted => {
                 let lbls = labels(&pod.metadata);
                 for rs in store.state() {
-                    if rs.metadata.namespace.as_deref() == Some(&ns) && selector_matches(&rs.spec.selector, &lbls) {
+                    if rs.metadata.namespace.as_deref() == Some(&ns) && selects(Some(&rs.spec.selector), &lbls) {
                         let _ = tx.send(ObjectRef::from_obj(rs.as_ref()));
                     }
                 }
@@ -356,15 +341,8 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder, 
         }
     });
     pods.synced().await;
-    controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| async move { crate::metrics::sync("replicaset", r.is_ok()) })
-        .await;
-}
-
-fn error_policy(_rs: Arc<ReplicaSet>, e: &Error, _ctx: Arc<Ctx>) -> Action {
-    tracing::warn!(error = %e, "replicaset sync failed");
-    Action::requeue(Duration::from_secs(1))
+    let policy = Policy { metric: "replicaset", what: "replicaset", retry: Duration::from_secs(1) };
+    run_controller(controller, reconcile, ctx, policy).await;
 }
 
 #[cfg(test)]

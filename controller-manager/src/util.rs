@@ -1,39 +1,15 @@
-//! Helpers every controller shares: label selectors, controller references, pod
+//! Helpers every controller shares: Service selectors, controller references, pod
 //! readiness and availability, expectations, and the pod-from-template builder. All pure.
+//! (Label selectors are `apimachinery::labels`.)
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
-
-/// Does `sel` select `labels`? (An empty selector selects everything, as in
-/// `metav1.LabelSelectorAsSelector`; a missing one nothing.)
-pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    for (k, v) in sel.match_labels.iter().flatten() {
-        if labels.get(k) != Some(v) {
-            return false;
-        }
-    }
-    for req in sel.match_expressions.iter().flatten() {
-        let have = labels.get(&req.key);
-        let values = req.values.as_deref().unwrap_or_default();
-        let ok = match req.operator.as_str() {
-            "In" => have.is_some_and(|v| values.contains(v)),
-            "NotIn" => !have.is_some_and(|v| values.contains(v)),
-            "Exists" => have.is_some(),
-            "DoesNotExist" => have.is_none(),
-            _ => false,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
-}
 
 /// A map selector (`Service.spec.selector`): every pair must match; empty selects nothing.
 pub fn map_selector_matches(sel: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
@@ -239,7 +215,6 @@ pub fn key(meta: &ObjectMeta) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     fn l(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -247,17 +222,9 @@ mod tests {
     }
 
     #[test]
-    fn selectors() {
-        let sel = LabelSelector {
-            match_labels: Some(l(&[("app", "a")])),
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: "tier".into(),
-                operator: "In".into(),
-                values: Some(vec!["web".into()]),
-            }]),
-        };
-        assert!(selector_matches(&sel, &l(&[("app", "a"), ("tier", "web")])));
-        assert!(!selector_matches(&sel, &l(&[("app", "a")])));
+    fn service_selectors() {
+        assert!(map_selector_matches(&l(&[("app", "a")]), &l(&[("app", "a"), ("tier", "web")])));
+        assert!(!map_selector_matches(&l(&[("app", "a")]), &l(&[("app", "b")])));
         assert!(!map_selector_matches(&BTreeMap::new(), &l(&[("app", "a")])));
     }
 

@@ -1,31 +1,32 @@
 //! Kubernetes events about pods (core/v1 Events, which `kubectl describe` shows), with the
 //! kubelet's reasons: Created, Started, Killing, BackOff, Failed, Unhealthy,
-//! FailedCreatePodSandBox. Repeats within a minute are dropped; publishing never blocks a
-//! pod worker.
+//! FailedCreatePodSandBox. Written by `common::events` as component `kubelet` on this node;
+//! repeats within a minute are dropped; publishing never blocks a pod worker.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
-use kube::api::{Api, PostParams};
+use common::events::{Recorder, NORMAL, WARNING};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 
 /// (pod UID, reason, message) → when it was last published.
 type Recent = Arc<Mutex<HashMap<(String, String, String), Instant>>>;
 
 #[derive(Clone)]
 pub struct Events {
-    client: kube::Client,
-    node: String,
+    recorder: Recorder,
     recent: Recent,
 }
 
 const REPEAT_WINDOW: Duration = Duration::from_secs(60);
 
+/// The longest message an event carries.
+const MAX_MESSAGE_CHARS: usize = 1000;
+
 impl Events {
     pub fn new(client: kube::Client, node: &str) -> Events {
-        Events { client, node: node.to_string(), recent: Arc::default() }
+        Events { recorder: Recorder::new(client, "kubelet").with_host(node), recent: Arc::default() }
     }
 
     fn publish(&self, pod: &Pod, warning: bool, reason: &str, note: String) {
@@ -37,42 +38,9 @@ impl Events {
                 return;
             }
         }
-        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let now = jiff::Timestamp::now();
-        let ev = Event {
-            metadata: ObjectMeta {
-                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-                namespace: Some(ns.clone()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(name),
-                namespace: Some(ns.clone()),
-                uid: Some(uid),
-                ..Default::default()
-            },
-            reason: Some(reason.to_string()),
-            message: Some(note.chars().take(1000).collect()),
-            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
-            source: Some(EventSource { component: Some("kubelet".into()), host: Some(self.node.clone()) }),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            event_time: Some(MicroTime(now)),
-            count: Some(1),
-            reporting_component: Some("kubelet".into()),
-            reporting_instance: Some(self.node.clone()),
-            action: Some(reason.to_string()),
-            ..Default::default()
-        };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
-        tokio::spawn(async move {
-            if let Err(e) = api.create(&PostParams::default(), &ev).await {
-                tracing::debug!(error = %e, "publishing an event failed");
-            }
-        });
+        let message: String = note.chars().take(MAX_MESSAGE_CHARS).collect();
+        let type_ = if warning { WARNING } else { NORMAL };
+        self.recorder.record(pod_reference(pod, uid), type_, reason, Some(reason), message);
     }
 
     pub fn normal(&self, pod: &Pod, reason: &str, note: String) {
@@ -81,5 +49,56 @@ impl Events {
 
     pub fn warning(&self, pod: &Pod, reason: &str, note: String) {
         self.publish(pod, true, reason, note)
+    }
+}
+
+/// The kubelet's `involvedObject`: the pod by name, namespace and UID.
+fn pod_reference(pod: &Pod, uid: String) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(pod.metadata.name.clone().unwrap_or_default()),
+        namespace: Some(pod.metadata.namespace.clone().unwrap_or_else(|| "default".into())),
+        uid: Some(uid),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::jiff::Timestamp;
+
+    #[test]
+    fn events_look_like_the_kubelets() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                uid: Some("u1".into()),
+                resource_version: Some("7".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let now = Timestamp::from_second(1).unwrap();
+        let e = common::events::build(
+            "kubelet",
+            Some("node-1"),
+            pod_reference(&pod, "u1".into()),
+            WARNING,
+            "BackOff",
+            Some("BackOff"),
+            "m".into(),
+            now,
+        );
+        // The namespace defaults; the pod's resourceVersion is not part of the reference.
+        assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(e.involved_object.namespace.as_deref(), Some("default"));
+        assert_eq!(e.involved_object.resource_version, None);
+        assert_eq!(e.involved_object.uid.as_deref(), Some("u1"));
+        assert_eq!(e.source.and_then(|s| s.host).as_deref(), Some("node-1"));
+        assert_eq!(e.reporting_instance.as_deref(), Some("node-1"));
+        assert_eq!(e.action.as_deref(), Some("BackOff"));
     }
 }

@@ -8,15 +8,16 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::events::{Recorder, NORMAL, WARNING};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Binding, Event, EventSource, Node, ObjectReference, Pod, PodCondition};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use rand::SeedableRng;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::cache::{Cache, ASSUMED_POD_TTL};
 use crate::config::Profiles;
@@ -70,7 +71,7 @@ pub struct Scheduler {
     profiles: Profiles,
     states: Mutex<HashMap<String, ProfileState>>,
     metrics: Metrics,
-    events: mpsc::Sender<Event>,
+    events: Recorder,
     binds: Arc<Semaphore>,
     synced: (tokio::sync::watch::Sender<bool>, tokio::sync::watch::Sender<bool>),
 }
@@ -87,20 +88,17 @@ fn helped_by_new_pod(plugins: &[&'static str]) -> bool {
 
 impl Scheduler {
     pub fn new(client: kube::Client, profiles: Profiles, metrics: Metrics) -> Arc<Self> {
-        let (etx, erx) = mpsc::channel(1000);
-        let s = Arc::new(Scheduler {
-            client: client.clone(),
+        Arc::new(Scheduler {
+            events: Recorder::new(client.clone(), "default-scheduler"),
+            client,
             cache: Mutex::new(Cache::default()),
             queue: SchedulingQueue::default(),
             binds: Arc::new(Semaphore::new(profiles.parallelism)),
             profiles,
             states: Mutex::new(HashMap::new()),
             metrics,
-            events: etx,
             synced: (tokio::sync::watch::channel(false).0, tokio::sync::watch::channel(false).0),
-        });
-        tokio::spawn(event_sink(client, erx));
-        s
+        })
     }
 
     /// Run the watches and the scheduling loop until an error ends a task. `ready` flips
@@ -348,13 +346,7 @@ impl Scheduler {
                     .with_label_values(&["scheduled", &profile])
                     .observe(start.elapsed().as_secs_f64());
                 tracing::debug!(pod = %key, %node, "bound");
-                self.emit(event(
-                    &info,
-                    &profile,
-                    "Normal",
-                    "Scheduled",
-                    &format!("Successfully assigned {key} to {node}"),
-                ));
+                self.emit(&info, &profile, NORMAL, "Scheduled", format!("Successfully assigned {key} to {node}"));
             }
             Err(e) => {
                 lock(&self.cache).forget(&key);
@@ -380,7 +372,7 @@ impl Scheduler {
 
     /// `PodScheduled=False` (only when it changes) and a `FailedScheduling` event.
     async fn record_failure(&self, info: &PodInfo, profile: &str, reason: &str, message: &str) {
-        self.emit(event(info, profile, "Warning", "FailedScheduling", message));
+        self.emit(info, profile, WARNING, "FailedScheduling", message);
         let conditions = info.pod.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
         if let Some(patch) = pod_scheduled_false(&conditions, reason, message, Timestamp::now()) {
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &info.namespace);
@@ -390,11 +382,10 @@ impl Scheduler {
         }
     }
 
-    fn emit(&self, ev: Event) {
-        // Like client-go's broadcaster: drop events rather than block scheduling.
-        if self.events.try_send(ev).is_err() {
-            tracing::debug!("event queue full; dropping event");
-        }
+    /// An event about a pod from `profile` (kubectl describe shows `From: default-scheduler`);
+    /// like client-go's broadcaster, dropped rather than blocking scheduling.
+    fn emit(&self, info: &PodInfo, profile: &str, type_: &str, reason: &str, message: impl Into<String>) {
+        self.events.for_component(profile).record(pod_reference(info), type_, reason, Some(action(reason)), message);
     }
 }
 
@@ -430,51 +421,25 @@ pub fn pod_scheduled_false(
     Some(serde_json::json!({"status": {"conditions": conditions}}))
 }
 
-/// A core/v1 Event about a pod from `profile` (kubectl describe shows `From: default-scheduler`).
-pub fn event(info: &PodInfo, profile: &str, type_: &str, reason: &str, message: &str) -> Event {
-    let now = Timestamp::now();
-    Event {
-        metadata: ObjectMeta {
-            name: Some(format!("{}.{:x}", info.name, now.as_nanosecond())),
-            namespace: Some(info.namespace.clone()),
-            ..Default::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(info.name.clone()),
-            namespace: Some(info.namespace.clone()),
-            uid: (!info.uid.is_empty()).then(|| info.uid.clone()),
-            resource_version: info.pod.metadata.resource_version.clone(),
-            ..Default::default()
-        },
-        reason: Some(reason.into()),
-        message: Some(message.into()),
-        type_: Some(type_.into()),
-        source: Some(EventSource { component: Some(profile.into()), host: None }),
-        reporting_component: Some(profile.into()),
-        reporting_instance: Some(profile.into()),
-        action: Some(if reason == "Scheduled" { "Binding" } else { "Scheduling" }.into()),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        event_time: Some(MicroTime(now)),
-        count: Some(1),
+/// The scheduler's `involvedObject`: the pod as it was read.
+pub fn pod_reference(info: &PodInfo) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(info.name.clone()),
+        namespace: Some(info.namespace.clone()),
+        uid: (!info.uid.is_empty()).then(|| info.uid.clone()),
+        resource_version: info.pod.metadata.resource_version.clone(),
         ..Default::default()
     }
 }
 
-/// Write events in the background, a few at a time.
-async fn event_sink(client: kube::Client, mut rx: mpsc::Receiver<Event>) {
-    let sem = Arc::new(Semaphore::new(4));
-    while let Some(ev) = rx.recv().await {
-        let Ok(permit) = sem.clone().acquire_owned().await else { return };
-        let api: Api<Event> = Api::namespaced(client.clone(), ev.metadata.namespace.as_deref().unwrap_or("default"));
-        tokio::spawn(async move {
-            if let Err(e) = api.create(&PostParams::default(), &ev).await {
-                tracing::debug!(error = %e, "writing event");
-            }
-            drop(permit);
-        });
+/// The event's action: binding for `Scheduled`, scheduling otherwise.
+fn action(reason: &str) -> &'static str {
+    if reason == "Scheduled" {
+        "Binding"
+    } else {
+        "Scheduling"
     }
 }
 
@@ -506,9 +471,25 @@ mod tests {
     #[test]
     fn events_look_like_kube_schedulers() {
         let info = crate::framework::types::testutil::pod(serde_json::json!({"metadata": {"name": "p", "uid": "u1"}}));
-        let e = event(&info, "default-scheduler", "Warning", "FailedScheduling", "m");
+        let now = Timestamp::from_second(1).unwrap();
+        let e = common::events::build(
+            "default-scheduler",
+            None,
+            pod_reference(&info),
+            WARNING,
+            "FailedScheduling",
+            Some(action("FailedScheduling")),
+            "m".into(),
+            now,
+        );
         assert_eq!(e.involved_object.kind.as_deref(), Some("Pod"));
+        assert_eq!(e.involved_object.uid.as_deref(), Some("u1"));
         assert_eq!(e.source.unwrap().component.as_deref(), Some("default-scheduler"));
+        assert_eq!(e.reporting_instance.as_deref(), Some("default-scheduler"));
+        assert_eq!(e.action.as_deref(), Some("Scheduling"));
         assert!(e.metadata.name.unwrap().starts_with("p."));
+        assert_eq!(action("Scheduled"), "Binding");
+        let nameless = crate::framework::types::testutil::pod(serde_json::json!({"metadata": {"name": "q"}}));
+        assert_eq!(pod_reference(&nameless).uid, None);
     }
 }

@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
+use apimachinery::names::random_suffix;
 use bytes::Bytes;
-use rand::Rng;
 use serde_json::{json, Value};
 use storage::{KeyValue, Op, Range, Revision, Store, Txn, TxnOutcome};
 
@@ -303,14 +303,6 @@ fn finalizers(obj: &Value) -> Vec<String> {
 /// A resourceVersion that must be there.
 fn parse_rv(s: &str) -> ApiResult<Revision> {
     crate::resourceversion::parse(s)?.ok_or_else(|| ApiError::bad_request("invalid resource version: \"\""))
-}
-
-/// Generated-name suffix alphabet (no vowels, no confusable characters), as Kubernetes.
-const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-
-fn random_suffix() -> String {
-    let mut rng = rand::rng();
-    (0..5).map(|_| NAME_ALPHABET[rng.random_range(0..NAME_ALPHABET.len())] as char).collect()
 }
 
 /// Fields of `input` that `normalized` lost (unknown to the typed schema), as paths.

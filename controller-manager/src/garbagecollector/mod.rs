@@ -23,13 +23,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::events::{Recorder, WARNING};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy};
 use serde_json::json;
 use tokio::sync::{watch, Notify};
 
 use crate::discovery::Catalog;
-use crate::events::{Recorder, WARNING};
 use graph::{GcAction, Graph, Node, OwnerKey, OwnerState};
 use monitors::{DeletedUids, Monitors};
 

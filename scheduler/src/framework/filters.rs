@@ -302,7 +302,7 @@ pub fn spread_pre<'a>(pod: &PodInfo, snap: &'a Snapshot, hard: bool) -> Option<(
         let c = &pod.spread[*ci];
         let plain = pod.node_selector.is_empty() && pod.required_node_affinity.is_none();
         if let (Some((k, v)), true, false) =
-            (c.selector.single_equality(), plain || !c.honor_node_affinity, c.honor_taints)
+            (super::types::single_equality(&c.selector), plain || !c.honor_node_affinity, c.honor_taints)
         {
             let counts = Counts::Borrowed(
                 snap.topo_index

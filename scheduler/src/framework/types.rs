@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use apimachinery::labels::{self, Operator, Requirement};
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -88,85 +89,38 @@ pub fn is_scalar_resource(name: &str) -> bool {
         || (name.contains('/') && !name.starts_with("kubernetes.io/") && !name.starts_with("requests."))
 }
 
-/// A compiled `metav1.LabelSelector`. `None` selectors (absent) match nothing; an empty
-/// selector matches everything — Kubernetes' semantics for affinity and spread.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Selector {
-    pub reqs: Vec<(String, SelOp)>,
-    /// A nil selector: matches nothing.
-    pub nothing: bool,
+/// A compiled `metav1.LabelSelector` (`apimachinery::labels`): an absent or invalid one
+/// selects nothing, an empty one everything — Kubernetes' semantics for affinity and spread.
+pub use apimachinery::labels::Selector;
+
+/// The selector of an affinity term or spread constraint, with `matchLabelKeys` /
+/// `mismatchLabelKeys` added as `key in (pod's value)` / `key notin (pod's value)`.
+pub fn term_selector(
+    sel: Option<&LabelSelector>,
+    labels: &Labels,
+    match_keys: &[String],
+    mismatch_keys: &[String],
+) -> Selector {
+    let mut s = labels::selector_or_nothing(sel);
+    for k in match_keys {
+        if let Some(v) = labels.get(k) {
+            s = s.with_requirement(Requirement { key: k.clone(), op: Operator::In(vec![v.clone()]) });
+        }
+    }
+    for k in mismatch_keys {
+        if let Some(v) = labels.get(k) {
+            s = s.with_requirement(Requirement { key: k.clone(), op: Operator::NotIn(vec![v.clone()]) });
+        }
+    }
+    s
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum SelOp {
-    In(Vec<String>),
-    NotIn(Vec<String>),
-    Exists,
-    DoesNotExist,
-}
-
-impl Selector {
-    pub fn nothing() -> Self {
-        Selector { reqs: Vec::new(), nothing: true }
-    }
-    /// Compile; an invalid operator makes the selector match nothing (the apiserver
-    /// validates these, so it does not happen for stored objects).
-    pub fn from_label_selector(sel: Option<&LabelSelector>) -> Self {
-        let Some(sel) = sel else { return Self::nothing() };
-        let mut reqs = Vec::new();
-        for (k, v) in sel.match_labels.iter().flatten() {
-            reqs.push((k.clone(), SelOp::In(vec![v.clone()])));
-        }
-        for e in sel.match_expressions.iter().flatten() {
-            let vals = e.values.clone().unwrap_or_default();
-            let op = match e.operator.as_str() {
-                "In" => SelOp::In(vals),
-                "NotIn" => SelOp::NotIn(vals),
-                "Exists" => SelOp::Exists,
-                "DoesNotExist" => SelOp::DoesNotExist,
-                _ => return Self::nothing(),
-            };
-            reqs.push((e.key.clone(), op));
-        }
-        Selector { reqs, nothing: false }
-    }
-    /// `matchLabelKeys` / `mismatchLabelKeys`: add `key in (pod's value)` / `key notin (…)`.
-    pub fn with_label_keys(mut self, labels: &Labels, match_keys: &[String], mismatch_keys: &[String]) -> Self {
-        if self.nothing {
-            return self;
-        }
-        for k in match_keys {
-            if let Some(v) = labels.get(k) {
-                self.reqs.push((k.clone(), SelOp::In(vec![v.clone()])));
-            }
-        }
-        for k in mismatch_keys {
-            if let Some(v) = labels.get(k) {
-                self.reqs.push((k.clone(), SelOp::NotIn(vec![v.clone()])));
-            }
-        }
-        self
-    }
-    /// `key=value` when that is the selector's only requirement.
-    pub fn single_equality(&self) -> Option<(&str, &str)> {
-        match self.reqs.as_slice() {
-            [(k, SelOp::In(vals))] if vals.len() == 1 && !self.nothing => Some((k.as_str(), vals[0].as_str())),
-            _ => None,
-        }
-    }
-    pub fn matches(&self, labels: &Labels) -> bool {
-        if self.nothing {
-            return false;
-        }
-        self.reqs.iter().all(|(k, op)| {
-            let v = labels.get(k);
-            match op {
-                SelOp::In(vals) => v.is_some_and(|v| vals.iter().any(|x| x == v)),
-                SelOp::NotIn(vals) => v.is_none_or(|v| !vals.iter().any(|x| x == v)),
-                SelOp::Exists => v.is_some(),
-                SelOp::DoesNotExist => v.is_none(),
-            }
-        })
+/// `key=value` when that is the selector's only requirement.
+pub fn single_equality(s: &Selector) -> Option<(&str, &str)> {
+    match s.requirements() {
+        [Requirement { key, op: Operator::Equals(v) }] => Some((key.as_str(), v.as_str())),
+        [Requirement { key, op: Operator::In(vals) }] if vals.len() == 1 => Some((key.as_str(), vals[0].as_str())),
+        _ => None,
     }
 }
 
@@ -238,7 +192,8 @@ impl AffinityTerm {
         if namespaces.is_empty() && t.namespace_selector.is_none() {
             namespaces.push(pod_ns.to_string());
         }
-        let selector = Selector::from_label_selector(t.label_selector.as_ref()).with_label_keys(
+        let selector = term_selector(
+            t.label_selector.as_ref(),
             labels,
             t.match_label_keys.as_deref().unwrap_or_default(),
             t.mismatch_label_keys.as_deref().unwrap_or_default(),
@@ -254,7 +209,7 @@ impl AffinityTerm {
         if self.all_namespaces || self.namespaces.len() != 1 {
             return None;
         }
-        self.selector.single_equality().map(|(k, v)| index_key(&self.namespaces[0], k, v))
+        single_equality(&self.selector).map(|(k, v)| index_key(&self.namespaces[0], k, v))
     }
     /// Does the term select `pod`?
     pub fn matches(&self, pod: &PodInfo) -> bool {
@@ -412,7 +367,8 @@ impl PodInfo {
                 max_skew: c.max_skew.max(1),
                 topology_key: c.topology_key.clone(),
                 hard: c.when_unsatisfiable != "ScheduleAnyway",
-                selector: Selector::from_label_selector(c.label_selector.as_ref()).with_label_keys(
+                selector: term_selector(
+                    c.label_selector.as_ref(),
                     &labels,
                     c.match_label_keys.as_deref().unwrap_or_default(),
                     &[],
@@ -858,13 +814,31 @@ mod tests {
     #[test]
     fn selector_semantics() {
         let l: Labels = [("app".to_string(), "web".to_string())].into();
-        assert!(!Selector::nothing().matches(&l));
-        assert!(Selector::from_label_selector(Some(&LabelSelector::default())).matches(&l));
+        assert!(!term_selector(None, &l, &[], &[]).matches(&l));
+        assert!(term_selector(Some(&LabelSelector::default()), &l, &[], &[]).matches(&l));
         let s: LabelSelector = serde_json::from_value(json!({"matchExpressions": [
             {"key": "app", "operator": "In", "values": ["web", "api"]},
             {"key": "tier", "operator": "DoesNotExist"}]}))
         .unwrap();
-        assert!(Selector::from_label_selector(Some(&s)).matches(&l));
+        assert!(term_selector(Some(&s), &l, &[], &[]).matches(&l));
+        // An unknown operator selects nothing, whatever the rest says.
+        let bad: LabelSelector = serde_json::from_value(json!({"matchExpressions": [
+            {"key": "tier", "operator": "DoesNotExist"}, {"key": "app", "operator": "Bogus"}]}))
+        .unwrap();
+        assert!(!term_selector(Some(&bad), &l, &[], &[]).matches(&l));
+        // matchLabelKeys narrow to the pod's value; mismatchLabelKeys exclude it.
+        let other: Labels = [("app".to_string(), "api".to_string())].into();
+        let everything = LabelSelector::default();
+        let same = term_selector(Some(&everything), &l, &["app".to_string()], &[]);
+        assert!(same.matches(&l) && !same.matches(&other));
+        assert_eq!(single_equality(&same), Some(("app", "web")));
+        let differ = term_selector(Some(&everything), &l, &[], &["app".to_string()]);
+        assert!(!differ.matches(&l) && differ.matches(&other));
+        assert_eq!(single_equality(&differ), None);
+        // A selector of nothing stays one whatever keys are added.
+        assert!(!term_selector(None, &l, &["app".to_string()], &[]).matches(&l));
+        let m: LabelSelector = serde_json::from_value(json!({"matchLabels": {"app": "web"}})).unwrap();
+        assert_eq!(single_equality(&term_selector(Some(&m), &l, &[], &[])), Some(("app", "web")));
     }
 
     #[test]

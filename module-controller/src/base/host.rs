@@ -270,7 +270,20 @@ impl ProcessHost {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|e| Failure::new("StartFailed", e.to_string()))?;
+        // A freshly written executable can be briefly "busy" (ETXTBSY) when another
+        // thread forked while our write descriptor was open: the child holds a copy of
+        // it until its exec. That clears within milliseconds, so retry a few times.
+        let mut attempt = 0;
+        let mut child = loop {
+            match cmd.spawn() {
+                Ok(c) => break c,
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < 20 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                Err(e) => return Err(Failure::new("StartFailed", e.to_string())),
+            }
+        };
         let pid = child.id();
         let (tx, rx) = tokio::sync::watch::channel(false);
         if let Ok(mut m) = self.modules.lock() {
@@ -503,7 +516,7 @@ mod tests {
         let bad = dir.path().join("bad.sh");
         std::fs::write(&bad, "#!/bin/sh\necho dying\nexit 3\n").unwrap();
         let f = host.install(&biz("dies", &format!("file://{}", bad.display()))).await.unwrap_err();
-        assert_eq!(f.reason, "ModuleExited");
+        assert_eq!(f.reason, "ModuleExited", "{}", f.message);
         let f = host.install(&biz("u", "ftp://x/y")).await.unwrap_err();
         assert_eq!(f.reason, "InvalidArtifact");
         let f = host.install(&biz("h", "http://127.0.0.1:1/x.jar")).await.unwrap_err();

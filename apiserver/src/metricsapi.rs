@@ -20,8 +20,9 @@ pub const VERSION: &str = "v1beta1";
 const API_VERSION: &str = "metrics.k8s.io/v1beta1";
 /// How long one kubelet may take to answer.
 const KUBELET_TIMEOUT: Duration = Duration::from_secs(5);
-/// Docker's one-shot stats compare two samples about a second apart.
-const WINDOW: &str = "1s";
+/// The span a CPU rate covers: the kubelet's default `--housekeeping-interval`, between
+/// two samples of a container's cgroup.
+const WINDOW: &str = "10s";
 
 /// `GET /apis/metrics.k8s.io/v1beta1`.
 pub fn resource_list() -> Value {

@@ -18,6 +18,7 @@ mod metrics;
 mod namespace;
 mod nodeipam;
 mod nodelifecycle;
+mod podautoscaler;
 mod replicaset;
 mod runner;
 mod serviceaccount;
@@ -57,6 +58,7 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("cronjob", true),
     ("serviceaccount", true),
     ("disruption", true),
+    ("horizontalpodautoscaling", true),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -127,6 +129,21 @@ struct Args {
     /// Concurrent Deployment syncs.
     #[arg(long, default_value_t = 5)]
     concurrent_deployment_syncs: u16,
+    /// How often every HorizontalPodAutoscaler is synced.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    horizontal_pod_autoscaler_sync_period: Duration,
+    /// How long a scale-down waits: the highest recommendation of this window wins.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    horizontal_pod_autoscaler_downscale_stabilization: Duration,
+    /// The usage ratio's distance from 1.0 under which no scaling happens.
+    #[arg(long, default_value_t = 0.1)]
+    horizontal_pod_autoscaler_tolerance: f64,
+    /// After a pod starts, how long its CPU samples are trusted only once it is Ready.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    horizontal_pod_autoscaler_cpu_initialization_period: Duration,
+    /// After a pod starts, how long it may take to become Ready before it counts as unready.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    horizontal_pod_autoscaler_initial_readiness_delay: Duration,
     /// Address to serve /healthz and /metrics on.
     #[arg(long, default_value = "0.0.0.0")]
     bind_address: String,
@@ -150,6 +167,21 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         _ => return Err(format!("invalid duration unit in {s:?}")),
     };
     Ok(Duration::from_secs_f64(secs))
+}
+
+fn to_signed(d: Duration) -> k8s_openapi::jiff::SignedDuration {
+    k8s_openapi::jiff::SignedDuration::try_from(d).unwrap_or(k8s_openapi::jiff::SignedDuration::MAX)
+}
+
+/// The discovery catalog, started by the first controller that needs it.
+async fn shared_catalog(
+    slot: &mut Option<tokio::sync::watch::Receiver<std::sync::Arc<discovery::Catalog>>>,
+    client: &kube::Client,
+) -> tokio::sync::watch::Receiver<std::sync::Arc<discovery::Catalog>> {
+    match slot {
+        Some(c) => c.clone(),
+        None => slot.insert(discovery::spawn(client.clone()).await).clone(),
+    }
 }
 
 #[tokio::main]
@@ -179,6 +211,8 @@ async fn main() -> anyhow::Result<()> {
     let events = common::events::Recorder::new(client.clone(), "kube-controller-manager");
     let recorder = |c: &str| events.for_component(c);
     let mut tasks = tokio::task::JoinSet::new();
+    // One discovery catalog for the controllers that follow every served kind.
+    let mut catalog = None;
     for c in &enabled {
         match *c {
             "replicaset" => {
@@ -204,7 +238,7 @@ async fn main() -> anyhow::Result<()> {
                 tasks.spawn(endpoints::run_endpoints(client.clone(), pods.clone()));
             }
             "garbagecollector" => {
-                let catalog = discovery::spawn(client.clone()).await;
+                let catalog = shared_catalog(&mut catalog, &client).await;
                 tasks.spawn(garbagecollector::run(client.clone(), catalog, recorder("garbage-collector-controller")));
             }
             "namespace" => {
@@ -234,6 +268,25 @@ async fn main() -> anyhow::Result<()> {
             }
             "disruption" => {
                 tasks.spawn(disruption::run(client.clone(), pods.clone()));
+            }
+            "horizontalpodautoscaling" => {
+                let catalog = shared_catalog(&mut catalog, &client).await;
+                let cfg = podautoscaler::Config {
+                    sync_period: args.horizontal_pod_autoscaler_sync_period,
+                    downscale_stabilization: args.horizontal_pod_autoscaler_downscale_stabilization,
+                    calc: podautoscaler::replicas::Settings {
+                        tolerance: args.horizontal_pod_autoscaler_tolerance,
+                        cpu_initialization_period: to_signed(args.horizontal_pod_autoscaler_cpu_initialization_period),
+                        initial_readiness_delay: to_signed(args.horizontal_pod_autoscaler_initial_readiness_delay),
+                    },
+                };
+                tasks.spawn(podautoscaler::run(
+                    client.clone(),
+                    pods.clone(),
+                    catalog,
+                    recorder("horizontal-pod-autoscaler"),
+                    cfg,
+                ));
             }
             _ => {}
         }

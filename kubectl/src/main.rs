@@ -49,6 +49,8 @@ enum Cmd {
     PortForward(cmd::port_forward::Args),
     /// Set a new size for a deployment, replica set, replication controller, or stateful set.
     Scale(cmd::scale::Args),
+    /// Auto-scale a deployment, replica set, stateful set, or replication controller.
+    Autoscale(cmd::autoscale::Args),
     /// Update the labels on a resource.
     Label(cmd::label::Args),
     /// Update the annotations on a resource.
@@ -110,6 +112,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Attach(a) => cmd::exec::attach(&ctx, a).await,
         Cmd::PortForward(a) => cmd::port_forward::run(&ctx, a).await,
         Cmd::Scale(a) => cmd::scale::run(&ctx, a).await,
+        Cmd::Autoscale(a) => cmd::autoscale::run(&ctx, a).await,
         Cmd::Label(a) => cmd::label::run(&ctx, a, "labels", "labeled").await,
         Cmd::Annotate(a) => cmd::label::run(&ctx, a, "annotations", "annotated").await,
         Cmd::Patch(a) => cmd::patch::run(&ctx, a).await,

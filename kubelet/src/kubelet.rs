@@ -49,6 +49,8 @@ pub struct Kubelet {
     pub events: crate::events::Events,
     /// `--cluster-dns`, `--cluster-domain`, the host's resolver files: the pods' resolv.conf and hosts.
     pub dns: crate::dns::Settings,
+    /// The running containers' CPU and memory samples (`/stats/summary`).
+    pub stats: crate::stats::Cache,
 }
 
 impl Kubelet {
@@ -82,6 +84,7 @@ impl Kubelet {
             probe_results: Default::default(),
             metrics,
             dns,
+            stats: Default::default(),
         })
     }
 

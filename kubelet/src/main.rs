@@ -3,6 +3,7 @@
 //! and serves logs, health and metrics on `--port`.
 
 mod backoff;
+mod cgroups;
 mod cidr;
 mod dns;
 mod events;
@@ -77,9 +78,25 @@ struct Flags {
     /// The resolver configuration of `Default` pods (and the search domains pods inherit).
     #[arg(long = "resolv-conf", default_value = "/etc/resolv.conf")]
     resolv_conf: PathBuf,
+    /// How often the running containers' CPU and memory are sampled (`/stats/summary`'s resolution).
+    #[arg(long = "housekeeping-interval", default_value = "10s", value_parser = parse_seconds)]
+    housekeeping_interval: std::time::Duration,
     /// Log level (`info`, `debug`, or a tracing filter); RUST_LOG overrides it.
     #[arg(long = "log-level", default_value = "info")]
     log_level: String,
+}
+
+/// `10s`, `500ms` or plain seconds.
+fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
+    let (n, scale) = match s.strip_suffix("ms") {
+        Some(n) => (n, 0.001),
+        None => (s.strip_suffix('s').unwrap_or(s), 1.0),
+    };
+    let v: f64 = n.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    if v.is_nan() || v <= 0.0 {
+        return Err(format!("{s:?} must be positive"));
+    }
+    Ok(std::time::Duration::from_secs_f64(v * scale))
 }
 
 fn hostname() -> String {
@@ -171,6 +188,7 @@ async fn main() -> Result<()> {
         tokio::spawn(pleg::run(rt, move |ev| k1.notify(&ev.pod_uid), move |records| k2.relisted(records)));
     }
     tokio::spawn(k.clone().watch_pods());
+    tokio::spawn(stats::housekeeping(k.clone(), flags.housekeeping_interval));
     tokio::spawn(k.net.clone().run_node_network(k.client.clone()));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

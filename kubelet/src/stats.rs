@@ -1,13 +1,26 @@
-//! `/stats/summary`: CPU and memory per container from Docker's stats, in the shape of the
-//! kubelet's Summary API (`stats/v1alpha1`), which metrics pipelines read.
+//! `/stats/summary`: CPU and memory per container in the shape of the kubelet's Summary
+//! API (`stats/v1alpha1`), which metrics pipelines read.
+//!
+//! The numbers come from each container's cgroup ([`crate::cgroups`]), sampled every
+//! `--housekeeping-interval` into a [`Cache`], so a summary costs no Docker call: CPU is the
+//! rate between the last two samples, memory the working set. A container that has no
+//! sample yet is read at once (CPU as its lifetime average), and one whose cgroup cannot
+//! be read falls back to Docker's stats.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use jiff::Timestamp;
 use serde_json::{json, Value};
 
+use crate::cgroups::{self, Reading};
 use crate::kubelet::Kubelet;
 use crate::labels::Kind;
-use crate::runtime::{ContainerStats, State};
+use crate::runtime::{ContainerRecord, ContainerStats, State};
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// CPU in nanocores between Docker's two samples, and cumulative core-nanoseconds.
 pub fn cpu(s: &ContainerStats) -> (u64, u64) {
@@ -37,21 +50,120 @@ pub fn memory(s: &ContainerStats) -> (u64, u64) {
     (usage, usage.saturating_sub(inactive))
 }
 
+/// One container's latest sample.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Entry {
+    pub reading: Reading,
+    pub at: Timestamp,
+    /// CPU rate over the last interval.
+    pub nanocores: u64,
+}
+
+/// The CPU rate between two readings, or the lifetime average when there is no earlier one.
+pub fn cpu_rate(prev: Option<&Entry>, cur_ns: u64, now: Timestamp, started: Option<Timestamp>) -> u64 {
+    let (from_ns, since) = match prev {
+        Some(p) if p.reading.cpu_ns <= cur_ns && p.at < now => (p.reading.cpu_ns, p.at),
+        _ => match started {
+            Some(t) if t < now => (0, t),
+            _ => return 0,
+        },
+    };
+    let elapsed = now.duration_since(since).as_nanos().max(1) as u128;
+    ((cur_ns - from_ns) as u128 * 1_000_000_000 / elapsed) as u64
+}
+
+/// The samples of this node's running containers, by container ID.
+#[derive(Default)]
+pub struct Cache {
+    entries: Mutex<HashMap<String, Entry>>,
+}
+
+fn started(r: &ContainerRecord) -> Option<Timestamp> {
+    r.started_at.as_deref().and_then(|t| t.parse().ok())
+}
+
+impl Cache {
+    /// Sample `running` now; containers no longer running are forgotten.
+    pub fn refresh(&self, running: &[&ContainerRecord], now: Timestamp) {
+        let readings: Vec<(String, Option<Reading>, Option<Timestamp>)> =
+            running.iter().map(|r| (r.id.clone(), cgroups::read(Path::new(CGROUP_ROOT), r.pid), started(r))).collect();
+        let Ok(mut entries) = self.entries.lock() else { return };
+        entries.retain(|id, _| running.iter().any(|r| &r.id == id));
+        for (id, reading, started) in readings {
+            match reading {
+                Some(reading) => {
+                    let nanocores = cpu_rate(entries.get(&id), reading.cpu_ns, now, started);
+                    entries.insert(id, Entry { reading, at: now, nanocores });
+                }
+                None => {
+                    entries.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// Add one container that has no sample yet.
+    fn refresh_one(&self, r: &ContainerRecord) {
+        let Some(reading) = cgroups::read(Path::new(CGROUP_ROOT), r.pid) else { return };
+        let now = Timestamp::now();
+        let nanocores = cpu_rate(None, reading.cpu_ns, now, started(r));
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.insert(r.id.clone(), Entry { reading, at: now, nanocores });
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<Entry> {
+        self.entries.lock().ok().and_then(|e| e.get(id).copied())
+    }
+}
+
+fn running_apps(records: &[ContainerRecord]) -> Vec<&ContainerRecord> {
+    records.iter().filter(|r| r.state == State::Running && r.kind == Kind::App).collect()
+}
+
+/// Sample every running container each `interval` (cAdvisor's housekeeping).
+pub async fn housekeeping(k: Arc<Kubelet>, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match k.rt.list(None).await {
+            Ok(records) => k.stats.refresh(&running_apps(&records), Timestamp::now()),
+            Err(e) => tracing::debug!(error = %format!("{e:#}"), "housekeeping: listing containers failed"),
+        }
+    }
+}
+
+/// A container's (time, nanocores, cumulative ns, usage, working set): from the cache,
+/// from a reading now, or from Docker.
+async fn container_numbers(k: &Kubelet, r: &ContainerRecord) -> Option<(Timestamp, u64, u64, u64, u64)> {
+    let cached = k.stats.get(&r.id).or_else(|| {
+        k.stats.refresh_one(r);
+        k.stats.get(&r.id)
+    });
+    if let Some(e) = cached {
+        return Some((e.at, e.nanocores, e.reading.cpu_ns, e.reading.usage_bytes, e.reading.working_set_bytes));
+    }
+    let s = k.rt.stats(&r.id).await?;
+    let (nano, total) = cpu(&s);
+    let (usage, ws) = memory(&s);
+    Some((Timestamp::now(), nano, total, usage, ws))
+}
+
 pub async fn summary(k: &Kubelet) -> anyhow::Result<Value> {
     let records = k.rt.list(None).await?;
-    let running: Vec<_> = records.into_iter().filter(|r| r.state == State::Running && r.kind == Kind::App).collect();
-    let samples = futures::future::join_all(running.iter().map(|r| k.rt.stats(&r.id))).await;
-    let now = jiff::Timestamp::now().to_string();
+    let running = running_apps(&records);
+    let samples = futures::future::join_all(running.iter().map(|r| container_numbers(k, r))).await;
+    let now = Timestamp::now().to_string();
     let mut pods: BTreeMap<(String, String, String), Vec<Value>> = BTreeMap::new();
     for (r, s) in running.iter().zip(samples) {
-        let Some(s) = s else { continue };
-        let (nano, total) = cpu(&s);
-        let (usage, ws) = memory(&s);
+        let Some((at, nano, total, usage, ws)) = s else { continue };
+        let at = at.to_string();
         pods.entry((r.pod_namespace.clone(), r.pod_name.clone(), r.pod_uid.clone())).or_default().push(json!({
             "name": r.name,
             "startTime": r.started_at,
-            "cpu": {"time": now, "usageNanoCores": nano, "usageCoreNanoSeconds": total},
-            "memory": {"time": now, "usageBytes": usage, "workingSetBytes": ws},
+            "cpu": {"time": at, "usageNanoCores": nano, "usageCoreNanoSeconds": total},
+            "memory": {"time": at, "usageBytes": usage, "workingSetBytes": ws},
         }));
     }
     let pods: Vec<Value> = pods
@@ -103,5 +215,18 @@ mod tests {
         // 0.5 s of CPU over 1 s of wall time (2 s of system time on 2 CPUs): half a core.
         assert_eq!(cpu(&s), (500_000_000, 3_000_000_000));
         assert_eq!(memory(&s), (1000, 700));
+    }
+
+    #[test]
+    fn cpu_rate_between_samples_or_over_the_lifetime() {
+        let t = |s: i64| Timestamp::from_second(1_700_000_000 + s).unwrap();
+        let prev = Entry { reading: Reading { cpu_ns: 1_000_000_000, ..Default::default() }, at: t(0), nanocores: 0 };
+        // 5 s of CPU in 10 s: half a core.
+        assert_eq!(cpu_rate(Some(&prev), 6_000_000_000, t(10), Some(t(-100))), 500_000_000);
+        // No earlier sample: 2 s of CPU over a 4 s life.
+        assert_eq!(cpu_rate(None, 2_000_000_000, t(4), Some(t(0))), 500_000_000);
+        // A counter that went backwards (a restarted container with the same ID) falls back too.
+        assert_eq!(cpu_rate(Some(&prev), 500_000_000, t(10), Some(t(9))), 500_000_000);
+        assert_eq!(cpu_rate(None, 1, t(4), None), 0);
     }
 }

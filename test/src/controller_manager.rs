@@ -80,11 +80,7 @@ impl ControllerManager {
 
     /// CPU seconds (user + system) the process has used so far.
     pub fn cpu_seconds(&self) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()?)).ok()?;
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-        Some(ticks / 100.0)
+        crate::cpu_seconds(self.pid()?)
     }
 
     /// Is the process still running?

@@ -407,6 +407,25 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The Prometheus text a component serves on `127.0.0.1:<port>/metrics` (through curl).
+pub async fn metrics_text(port: u16) -> Result<String> {
+    let out = tokio::process::Command::new("curl")
+        .args(["-fsS", &format!("http://127.0.0.1:{port}/metrics")])
+        .output()
+        .await
+        .context("curl /metrics")?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// User plus system CPU seconds a process has used so far (`/proc/<pid>/stat`).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
 /// Wait until `f` returns true (polling), or fail after `timeout`.
 pub async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> Result<()>
 where

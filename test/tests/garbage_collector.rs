@@ -141,7 +141,7 @@ async fn children_of_custom_resources_created_after_start_are_kept_until_their_o
     for name in ["child", "unresolvable", "cm-child"] {
         ensure!(exists(&cms, name).await, "{name} was deleted although its owner exists or cannot be verified");
     }
-    let metrics = reqwest_metrics(t.cm.port).await?;
+    let metrics = e2e::metrics_text(t.cm.port).await?;
     ensure!(
         metrics.lines().any(|l| l.starts_with("garbagecollector_unresolved_owner_references ") && !l.ends_with(" 0")),
         "the unresolvable owner is counted:\n{metrics}"
@@ -177,15 +177,6 @@ async fn children_of_custom_resources_created_after_start_are_kept_until_their_o
         ensure!(!gone.contains(&format!("{ns}/{name}")), "{name} was deleted at some point: {gone:?}");
     }
     Ok(())
-}
-
-async fn reqwest_metrics(port: u16) -> Result<String> {
-    let out = tokio::process::Command::new("curl")
-        .args(["-fsS", &format!("http://127.0.0.1:{port}/metrics")])
-        .output()
-        .await
-        .context("curl /metrics")?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

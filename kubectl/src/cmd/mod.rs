@@ -2,6 +2,7 @@
 
 pub mod api_resources;
 pub mod apply;
+pub mod autoscale;
 pub mod config;
 pub mod create;
 pub mod delete;

@@ -22,6 +22,7 @@ mod replicaset;
 mod runner;
 mod serviceaccount;
 mod util;
+mod volume;
 
 #[cfg(test)]
 mod testutil;
@@ -57,6 +58,9 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("cronjob", true),
     ("serviceaccount", true),
     ("disruption", true),
+    ("persistentvolume-binder", true),
+    ("pvc-protection", true),
+    ("pv-protection", true),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -105,6 +109,8 @@ struct Args {
     controllers: String,
     #[command(flatten)]
     leader: common::leader::Args,
+    #[command(flatten)]
+    volumes: volume::Args,
     /// CIDR range for pods in the cluster (node IPAM).
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,
@@ -234,6 +240,9 @@ async fn main() -> anyhow::Result<()> {
             }
             "disruption" => {
                 tasks.spawn(disruption::run(client.clone(), pods.clone()));
+            }
+            c if volume::CONTROLLERS.contains(&c) => {
+                tasks.spawn(volume::run(c, client.clone(), pods.clone(), events.clone(), args.volumes.clone()));
             }
             _ => {}
         }

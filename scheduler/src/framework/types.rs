@@ -234,6 +234,10 @@ pub struct PodInfo {
     pub terminal: bool,
     /// `spec.schedulingGates` is not empty: not ready to be scheduled.
     pub gated: bool,
+    /// The PersistentVolumeClaims its volumes name.
+    pub claims: Vec<String>,
+    /// What the VolumeBinding plugin knows of those claims (read before each attempt).
+    pub volumes: Option<Arc<super::volumebinding::PodVolumes>>,
 }
 
 impl PodInfo {
@@ -366,6 +370,13 @@ impl PodInfo {
             terminating: meta.deletion_timestamp.is_some(),
             gated: spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()),
             terminal: phase == "Succeeded" || phase == "Failed",
+            claims: spec
+                .volumes
+                .iter()
+                .flatten()
+                .filter_map(|v| v.persistent_volume_claim.as_ref().map(|c| c.claim_name.clone()))
+                .collect(),
+            volumes: None,
             labels,
             pod,
         }

@@ -110,7 +110,7 @@ struct Args {
     #[command(flatten)]
     leader: common::leader::Args,
     #[command(flatten)]
-    volumes: volume::Args,
+    volumes: volume::VolumeArgs,
     /// CIDR range for pods in the cluster (node IPAM).
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,

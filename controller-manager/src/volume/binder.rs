@@ -321,7 +321,7 @@ pub struct Ctx {
     pub classes: Informer<StorageClass>,
     pub recorder: Recorder,
     pub provisioner_recorder: Recorder,
-    pub args: Args,
+    pub args: VolumeArgs,
     /// The last event recorded per object, so a waiting claim is not reported every sync.
     last_event: Mutex<HashMap<String, (String, String)>>,
 }
@@ -522,7 +522,7 @@ async fn ensure_default_class(client: &kube::Client) -> Result<(), Error> {
     Ok(())
 }
 
-pub async fn run(client: kube::Client, recorder: Recorder, args: Args) {
+pub async fn run(client: kube::Client, recorder: Recorder, args: VolumeArgs) {
     if args.default_storage_class {
         loop {
             match ensure_default_class(&client).await {

@@ -52,7 +52,7 @@ pub const CONTROLLERS: &[&str] = &["persistentvolume-binder", "pvc-protection", 
 
 /// The flags of the volume controllers.
 #[derive(clap::Args, Debug, Clone)]
-pub struct Args {
+pub struct VolumeArgs {
     /// The directory under which the local-path provisioner creates volumes on a node.
     #[arg(long, default_value = "/var/lib/minik8s/local-path")]
     pub local_path_dir: String,
@@ -123,7 +123,7 @@ pub async fn run(
     client: kube::Client,
     pods: crate::informer::Informer<k8s_openapi::api::core::v1::Pod>,
     recorder: common::events::Recorder,
-    args: Args,
+    args: VolumeArgs,
 ) {
     match which {
         "persistentvolume-binder" => binder::run(client, recorder, args).await,

@@ -92,6 +92,19 @@ impl Cluster {
         }
     }
 
+    /// Poll the events about `name` until one has `reason`; all of them.
+    async fn wait_event(&self, name: &str, reason: &str, secs: u64) -> Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let e = self.events(name)?;
+            if e.contains(reason) {
+                return Ok(e);
+            }
+            ensure!(Instant::now() < deadline, "no {reason} event about {name}: {e:?}{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
     /// The events about an object, as `reason: message` lines.
     fn events(&self, name: &str) -> Result<String> {
         let sel = format!("involvedObject.name={name}");
@@ -233,15 +246,7 @@ async fn unsatisfiable_claims_wait_and_bad_volumes_are_refused() -> Result<()> {
     );
     ensure!(c.apply("static.yaml", &static_objs)?.ok, "static objects");
     ensure!(c.apply("big.yaml", &claim("big", Some("static"), "5Gi"))?.ok, "claim");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let events = loop {
-        let e = c.events("big")?;
-        if e.contains("ExternalProvisioning") {
-            break e;
-        }
-        ensure!(Instant::now() < deadline, "no event for the unsatisfiable claim: {e:?}{}", c.logs());
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let events = c.wait_event("big", "ExternalProvisioning", 30).await?;
     ensure!(events.contains("kubernetes.io/no-provisioner"), "{events}");
     ensure!(c.get(&["pvc", "big"], "{.status.phase}")? == "Pending", "big claim not Pending");
     ensure!(c.get(&["pv", "small"], "{.status.phase}")? == "Available", "small volume taken");
@@ -256,15 +261,7 @@ async fn unsatisfiable_claims_wait_and_bad_volumes_are_refused() -> Result<()> {
     ensure!(c.apply("nfs.yaml", nfs)?.ok, "nfs objects");
     c.wait(&["pvc", "nfs-claim"], "{.status.phase}", 30, |v| v == "Bound").await?;
     ensure!(c.apply("nfs-pod.yaml", &pod("nfs-user", "nfs-claim", "sleep 3600"))?.ok, "nfs pod");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let events = loop {
-        let e = c.events("nfs-user")?;
-        if e.contains("FailedMount") {
-            break e;
-        }
-        ensure!(Instant::now() < deadline, "no FailedMount: {e:?}{}", c.logs());
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let events = c.wait_event("nfs-user", "FailedMount", 60).await?;
     let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     if !fs.lines().any(|l| matches!(l.split_whitespace().last(), Some("nfs" | "nfs4"))) {
         ensure!(events.contains("no NFS client support") && events.contains("nfs-common"), "{events}");

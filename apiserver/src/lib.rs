@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde_json::json;
 use storage::Store;
 
+pub mod admission;
 pub mod authn;
 pub mod continuetoken;
 pub mod crds;

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
+use crate::admission;
 use crate::error::{ApiError, ApiResult, FieldError};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::patch::PatchType;
@@ -540,6 +541,13 @@ impl Codec {
     }
 }
 
+/// The default StorageClass's name (DefaultStorageClass admission of a new claim).
+async fn default_storage_class(reg: &crate::registry::generic::Registry) -> ApiResult<Option<String>> {
+    let Some(classes) = resources::find("storage.k8s.io", "v1", "storageclasses") else { return Ok(None) };
+    let list = reg.list(classes, None, &Default::default()).await?;
+    Ok(admission::default_storage_class(list["items"].as_array().map(Vec::as_slice).unwrap_or_default()))
+}
+
 async fn resource_request(
     state: &Arc<AppState>,
     method: &Method,
@@ -623,8 +631,11 @@ async fn resource_request(
             }
             let bytes = read_body(headers, body).await?;
             let opts = write_options(query)?;
-            let (obj, w) =
+            let (mut obj, w) =
                 codec.incoming(reg, rp.namespace.as_deref(), decode_object(headers, &bytes)?, opts.field_validation)?;
+            if res.group.is_empty() && res.plural == "persistentvolumeclaims" && admission::wants_default_class(&obj) {
+                admission::admit_claim(&mut obj, default_storage_class(reg).await?.as_deref());
+            }
             let mut out = reg.create(res, &ns, obj, &opts).await?;
             out.warnings.splice(0..0, w);
             match out.json {

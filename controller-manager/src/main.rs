@@ -23,6 +23,7 @@ mod replicaset;
 mod runner;
 mod serviceaccount;
 mod util;
+mod volume;
 
 #[cfg(test)]
 mod testutil;
@@ -59,6 +60,9 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("serviceaccount", true),
     ("disruption", true),
     ("horizontalpodautoscaling", true),
+    ("persistentvolume-binder", true),
+    ("pvc-protection", true),
+    ("pv-protection", true),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -107,6 +111,8 @@ struct Args {
     controllers: String,
     #[command(flatten)]
     leader: common::leader::Args,
+    #[command(flatten)]
+    volumes: volume::VolumeArgs,
     /// CIDR range for pods in the cluster (node IPAM).
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,
@@ -287,6 +293,9 @@ async fn main() -> anyhow::Result<()> {
                     recorder("horizontal-pod-autoscaler"),
                     cfg,
                 ));
+            }
+            c if volume::CONTROLLERS.contains(&c) => {
+                tasks.spawn(volume::run(c, client.clone(), pods.clone(), events.clone(), args.volumes.clone()));
             }
             _ => {}
         }

@@ -318,7 +318,13 @@ pub fn container_body(pod: &Pod, c: &Container, cx: &ContainerContext) -> Result
             }
             host = format!("{host}/{sub}");
         }
-        let ro = if m.read_only == Some(true) { ":ro" } else { "" };
+        // A claim mounted `readOnly` in the pod's volume is read-only in every container.
+        let claim_ro = pod.spec.as_ref().and_then(|s| s.volumes.as_ref()).is_some_and(|vs| {
+            vs.iter().any(|v| {
+                v.name == m.name && v.persistent_volume_claim.as_ref().is_some_and(|c| c.read_only == Some(true))
+            })
+        });
+        let ro = if m.read_only == Some(true) || claim_ro { ":ro" } else { "" };
         binds.push(format!("{host}:{}{ro}", m.mount_path));
     }
     let res = c.resources.clone().unwrap_or_default();

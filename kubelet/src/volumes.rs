@@ -1,14 +1,18 @@
 //! Pod volumes on the node's disk, under `<root-dir>/pods/<uid>/volumes/<name>`:
 //! emptyDir (a directory), hostPath (the host's path), configMap / secret / downwardAPI /
 //! projected (files computed by the pure [`volume_files`] and rewritten on every sync),
-//! persistentVolumeClaim (the bound PV's hostPath or local path); an emptyDir with
+//! persistentVolumeClaim (the bound PV's hostPath or local path, created when missing —
+//! provisioned local-path volumes are `DirectoryOrCreate` — or its NFS export mounted with
+//! `mount -t nfs` under the pod's directory: [`claim_source`] and [`nfs_mount_args`] decide,
+//! [`mount_claims`] acts; a claim that is not usable yet keeps the pod's containers
+//! `ContainerCreating` with a `FailedMount` event); an emptyDir with
 //! `medium: Memory` is a tmpfs mounted there (`size=` its `sizeLimit`), unmounted by
 //! [`remove_pod_dir`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{KeyToPath, Pod, Volume};
+use k8s_openapi::api::core::v1::{KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod, Volume};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::podconfig::{field_value, ConfigError, Lookups};
@@ -199,6 +203,145 @@ pub fn prepare(
     Ok(out)
 }
 
+/// Where a bound claim's volume comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClaimSource {
+    /// A directory on this node (hostPath or local).
+    HostPath(String),
+    /// An NFS export: (volume name, `server:path`, read-only).
+    Nfs(String, String, bool),
+}
+
+/// The source of claim `name` of namespace `ns`, given the claim and its volume as read; an
+/// error is why the pod waits (Kubernetes' kubelet messages).
+pub fn claim_source(
+    ns: &str,
+    name: &str,
+    pvc: Option<&PersistentVolumeClaim>,
+    pv: Option<&PersistentVolume>,
+) -> Result<ClaimSource, String> {
+    let Some(pvc) = pvc else { return Err(format!("persistentvolumeclaim \"{name}\" not found")) };
+    if pvc.metadata.deletion_timestamp.is_some() {
+        return Err(format!("can't start pod because PVC {ns}/{name} is being deleted"));
+    }
+    let phase = pvc.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
+    let volume = pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref()).unwrap_or("");
+    if phase != "Bound" || volume.is_empty() {
+        return Err(format!(
+            "PVC {ns}/{name} has non-bound phase ({phase:?}) or empty pvc.Spec.VolumeName ({volume:?})"
+        ));
+    }
+    let Some(spec) = pv.and_then(|v| v.spec.as_ref()) else {
+        return Err(format!("persistentvolume \"{volume}\" not found"));
+    };
+    if let Some(p) =
+        spec.host_path.as_ref().map(|h| h.path.clone()).or_else(|| spec.local.as_ref().map(|l| l.path.clone()))
+    {
+        return Ok(ClaimSource::HostPath(p));
+    }
+    if let Some(n) = &spec.nfs {
+        let export = format!("{}:{}", n.server, n.path);
+        return Ok(ClaimSource::Nfs(volume.to_string(), export, n.read_only == Some(true)));
+    }
+    Err(format!("persistentvolume \"{volume}\" has no hostPath, local or nfs source this kubelet can mount"))
+}
+
+/// What this node offers for NFS mounts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NfsSupport {
+    /// `nfs` (or `nfs4`) is in `/proc/filesystems`.
+    pub kernel: bool,
+    /// An nfs module for the running kernel is installed (mount loads it).
+    pub module: bool,
+    /// `mount.nfs` (nfs-common) is installed.
+    pub helper: bool,
+}
+
+impl NfsSupport {
+    pub fn probe() -> Self {
+        let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        NfsSupport {
+            kernel: nfs_in_filesystems(&fs),
+            module: !release.trim().is_empty()
+                && Path::new(&format!("/lib/modules/{}/kernel/fs/nfs", release.trim())).exists(),
+            helper: ["/sbin/mount.nfs", "/usr/sbin/mount.nfs"].iter().any(|p| Path::new(p).exists()),
+        }
+    }
+}
+
+/// Does `/proc/filesystems` list an NFS client?
+pub fn nfs_in_filesystems(text: &str) -> bool {
+    text.lines().any(|l| matches!(l.split_whitespace().last(), Some("nfs" | "nfs4")))
+}
+
+/// The `mount` arguments for an NFS volume at `target`, or why this node cannot mount it.
+pub fn nfs_mount_args(
+    volume: &str,
+    export: &str,
+    read_only: bool,
+    target: &Path,
+    support: NfsSupport,
+) -> Result<Vec<String>, String> {
+    let failed = |why: &str| format!("MountVolume.SetUp failed for volume \"{volume}\" : mount failed: {why}");
+    if !support.kernel && !support.module {
+        return Err(failed(
+            "this node's kernel has no NFS client support (no nfs in /proc/filesystems and no nfs module installed); \
+             NFS volumes need a node whose kernel has NFS and the nfs-common package",
+        ));
+    }
+    if !support.helper {
+        return Err(failed("mount.nfs not found: install nfs-common on the node"));
+    }
+    let mut args = vec!["-t".to_string(), "nfs".to_string()];
+    if read_only {
+        args.extend(["-o".to_string(), "ro".to_string()]);
+    }
+    args.extend([export.to_string(), target.to_string_lossy().into_owned()]);
+    Ok(args)
+}
+
+/// Make each claim's volume usable on this node: claim name → host path (NFS exports are
+/// mounted under the pod's directory, once).
+pub fn mount_claims(
+    root: &Path,
+    pod: &Pod,
+    sources: &HashMap<String, ClaimSource>,
+    support: NfsSupport,
+) -> Result<ClaimPaths, String> {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let mut out = ClaimPaths::new();
+    for (claim, src) in sources {
+        match src {
+            ClaimSource::HostPath(p) => {
+                out.insert(claim.clone(), p.clone());
+            }
+            ClaimSource::Nfs(volume, export, ro) => {
+                let target = pod_dir(root, &uid).join("volumes").join("kubernetes.io~nfs").join(claim);
+                let mounted = mountinfo().lines().any(|l| l.split(' ').nth(4) == Some(&*target.to_string_lossy()));
+                if !mounted {
+                    let args = nfs_mount_args(volume, export, *ro, &target, support)?;
+                    std::fs::create_dir_all(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+                    let out = std::process::Command::new("timeout")
+                        .arg("30")
+                        .arg("mount")
+                        .args(&args)
+                        .output()
+                        .map_err(|e| format!("running mount: {e}"))?;
+                    if !out.status.success() {
+                        return Err(format!(
+                            "MountVolume.SetUp failed for volume \"{volume}\" : mount failed: {}",
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        ));
+                    }
+                }
+                out.insert(claim.clone(), target.to_string_lossy().into_owned());
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The tmpfs options of a memory-backed emptyDir: world-writable like every emptyDir, and
 /// `size=` the `sizeLimit` in bytes (without one, the kernel's default: half the RAM).
 pub fn tmpfs_options(size_limit: Option<&Quantity>) -> String {
@@ -313,6 +456,55 @@ mod tests {
         let paths = prepare(root.path(), &ok, &l, &HashMap::new(), "", "").unwrap();
         assert_eq!(std::fs::read_to_string(format!("{}/sub/file", paths["c"])).unwrap(), "v");
         assert!(Path::new(&paths["e"]).is_dir());
+    }
+
+    #[test]
+    fn claims_resolve_to_host_paths_or_nfs_exports_once_bound() {
+        let pvc = |phase: &str, volume: &str| -> PersistentVolumeClaim {
+            serde_json::from_value(json!({"metadata": {"name": "c"}, "spec": {"volumeName": volume},
+                "status": {"phase": phase}}))
+            .unwrap()
+        };
+        let pv = |src: serde_json::Value| -> PersistentVolume { serde_json::from_value(json!({"spec": src})).unwrap() };
+        assert_eq!(claim_source("ns", "c", None, None).unwrap_err(), "persistentvolumeclaim \"c\" not found");
+        assert!(claim_source("ns", "c", Some(&pvc("Pending", "")), None).unwrap_err().contains("non-bound phase"));
+        let host = pv(json!({"hostPath": {"path": "/data/v"}}));
+        assert_eq!(
+            claim_source("ns", "c", Some(&pvc("Bound", "v")), Some(&host)),
+            Ok(ClaimSource::HostPath("/data/v".into()))
+        );
+        let local = pv(json!({"local": {"path": "/mnt/disk"}}));
+        assert_eq!(
+            claim_source("ns", "c", Some(&pvc("Bound", "v")), Some(&local)),
+            Ok(ClaimSource::HostPath("/mnt/disk".into()))
+        );
+        let nfs = pv(json!({"nfs": {"server": "10.0.0.5", "path": "/exports", "readOnly": true}}));
+        assert_eq!(
+            claim_source("ns", "c", Some(&pvc("Bound", "v")), Some(&nfs)),
+            Ok(ClaimSource::Nfs("v".into(), "10.0.0.5:/exports".into(), true))
+        );
+        assert!(claim_source("ns", "c", Some(&pvc("Bound", "v")), None).unwrap_err().contains("not found"));
+        let mut deleting = pvc("Bound", "v");
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert!(claim_source("ns", "c", Some(&deleting), Some(&host)).unwrap_err().contains("is being deleted"));
+    }
+
+    #[test]
+    fn nfs_mounts_need_kernel_support_and_nfs_common() {
+        let t = Path::new("/var/lib/kubelet/pods/u/volumes/kubernetes.io~nfs/data");
+        let none = NfsSupport::default();
+        let e = nfs_mount_args("v", "srv:/x", false, t, none).unwrap_err();
+        assert!(e.contains("no NFS client support") && e.contains("nfs-common") && e.contains("\"v\""), "{e}");
+        let no_helper = NfsSupport { kernel: true, module: false, helper: false };
+        assert!(nfs_mount_args("v", "srv:/x", false, t, no_helper).unwrap_err().contains("mount.nfs not found"));
+        let ok = NfsSupport { kernel: false, module: true, helper: true };
+        assert_eq!(
+            nfs_mount_args("v", "srv:/x", true, t, ok).unwrap(),
+            ["-t", "nfs", "-o", "ro", "srv:/x", "/var/lib/kubelet/pods/u/volumes/kubernetes.io~nfs/data"]
+        );
+        assert!(nfs_in_filesystems("nodev\tsysfs\n\text4\nnodev\tnfs4\n"));
+        assert!(!nfs_in_filesystems("nodev\tsysfs\n\text4\nnodev\tnfsd\n"));
     }
 
     #[test]

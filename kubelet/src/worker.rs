@@ -50,6 +50,8 @@ struct Worker {
     last_status: Option<PodStatus>,
     deleted_object: bool,
     started_at: Option<Instant>,
+    /// The last `FailedMount` reported, so a waiting pod is not reported every sync.
+    last_mount_error: Option<String>,
 }
 
 enum Outcome {
@@ -301,21 +303,28 @@ async fn fetch_lookups(k: &Kubelet, pod: &Pod) -> Result<Lookups> {
     Ok(l)
 }
 
-/// Host paths of the pod's bound claims (the PV's hostPath or local path).
-async fn claim_paths(k: &Kubelet, pod: &Pod) -> Result<volumes::ClaimPaths> {
+/// The sources of the pod's claims; the inner error is why the pod must wait for them.
+async fn claim_sources(
+    k: &Kubelet,
+    pod: &Pod,
+) -> Result<std::result::Result<HashMap<String, volumes::ClaimSource>, String>> {
     let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let mut out = HashMap::new();
     for v in pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default() {
         let Some(c) = v.persistent_volume_claim else { continue };
         let pvc = Api::<PersistentVolumeClaim>::namespaced(k.client.clone(), &ns).get_opt(&c.claim_name).await?;
-        let Some(pv_name) = pvc.and_then(|p| p.spec).and_then(|s| s.volume_name) else { continue };
-        let Some(pv) = Api::<PersistentVolume>::all(k.client.clone()).get_opt(&pv_name).await? else { continue };
-        let spec = pv.spec.unwrap_or_default();
-        if let Some(p) = spec.host_path.map(|h| h.path).or_else(|| spec.local.map(|l| l.path)) {
-            out.insert(c.claim_name, p);
-        }
+        let volume = pvc.as_ref().and_then(|p| p.spec.as_ref()).and_then(|s| s.volume_name.clone()).unwrap_or_default();
+        let pv = if volume.is_empty() {
+            None
+        } else {
+            Api::<PersistentVolume>::all(k.client.clone()).get_opt(&volume).await?
+        };
+        match volumes::claim_source(&ns, &c.claim_name, pvc.as_ref(), pv.as_ref()) {
+            Ok(src) => out.insert(c.claim_name, src),
+            Err(why) => return Ok(Err(why)),
+        };
     }
-    Ok(out)
+    Ok(Ok(out))
 }
 
 /// Kill requests of failed liveness or startup probes for the pod's running app containers
@@ -428,7 +437,38 @@ async fn sync_containers(
 
     // Volumes and referenced objects.
     let lookups = fetch_lookups(k, pod).await?;
-    let claims = claim_paths(k, pod).await?;
+    let sources = claim_sources(k, pod).await?;
+    let root = k.root_dir.clone();
+    let mounted = match sources {
+        Ok(s) if s.is_empty() => Ok(HashMap::new()),
+        Ok(s) => {
+            let p = pod.clone();
+            tokio::task::spawn_blocking(move || volumes::mount_claims(&root, &p, &s, volumes::NfsSupport::probe()))
+                .await
+                .unwrap_or_else(|e| Err(format!("mounting the pod's volumes: {e}")))
+        }
+        Err(why) => Err(why),
+    };
+    let claims = match mounted {
+        Ok(c) => {
+            w.last_mount_error = None;
+            c
+        }
+        Err(why) => {
+            // Kubernetes' kubelet waits for the volumes before any container: they stay
+            // ContainerCreating, and the reason is an event.
+            if w.last_mount_error.as_deref() != Some(why.as_str()) {
+                tracing::info!(pod = pod.metadata.name.as_deref().unwrap_or(""), reason = %why, "volumes not ready");
+                k.events.warning(pod, "FailedMount", why.clone());
+                w.last_mount_error = Some(why);
+            }
+            for name in podactions::held_by_volumes(&spec, records) {
+                w.waiting.insert(name, ("ContainerCreating".into(), String::new()));
+            }
+            report(k, pod, records, Some(&pod_ip), w).await?;
+            return Ok(Outcome::Again(Duration::from_secs(3)));
+        }
+    };
     let volume_paths = match volumes::prepare(&k.root_dir, pod, &lookups, &claims, &pod_ip, &k.node_ip) {
         Ok(p) => p,
         Err(e) => {

@@ -10,10 +10,13 @@ use std::time::{Duration, Instant};
 
 use common::events::{Recorder, NORMAL, WARNING};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{
+    Binding, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, PodCondition,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use rand::SeedableRng;
@@ -279,6 +282,19 @@ impl Scheduler {
                 continue;
             };
             let start = Instant::now();
+            // VolumeBinding reads the pod's claims, the volumes and the classes first.
+            let info = if info.claims.is_empty() {
+                info
+            } else {
+                match self.read_volumes(&info).await {
+                    Ok(v) => Arc::new(PodInfo { volumes: Some(Arc::new(v)), ..(*info).clone() }),
+                    Err(e) => {
+                        tracing::warn!(pod = %key, error = %e, "reading the pod's volumes");
+                        self.queue.with(|q| q.error(info.clone(), Instant::now()));
+                        continue;
+                    }
+                }
+            };
             let result = {
                 let cache = lock(&self.cache);
                 let mut states = lock(&self.states);
@@ -305,7 +321,12 @@ impl Scheduler {
                         .attempt_duration
                         .with_label_values(&["unschedulable", &profile.scheduler_name])
                         .observe(start.elapsed().as_secs_f64());
-                    self.queue.with(|q| q.unschedulable(&key, fit.plugins.clone(), Instant::now()));
+                    if fit.plugins.contains(&"VolumeBinding") {
+                        // Claims change without a pod or node event: retry with back-off.
+                        self.queue.with(|q| q.error(info.clone(), Instant::now()));
+                    } else {
+                        self.queue.with(|q| q.unschedulable(&key, fit.plugins.clone(), Instant::now()));
+                    }
                     let me = self.clone();
                     let profile_name = profile.scheduler_name.clone();
                     tokio::spawn(
@@ -316,8 +337,44 @@ impl Scheduler {
         }
     }
 
+    /// The pod's claims, every volume and every class, digested for VolumeBinding.
+    async fn read_volumes(&self, info: &PodInfo) -> Result<framework::volumebinding::PodVolumes, kube::Error> {
+        let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &info.namespace);
+        let mut claims = HashMap::new();
+        for c in &info.claims {
+            claims.insert(c.clone(), claims_api.get_opt(c).await?);
+        }
+        let volumes = Api::<PersistentVolume>::all(self.client.clone()).list(&ListParams::default()).await?.items;
+        let classes = Api::<StorageClass>::all(self.client.clone()).list(&ListParams::default()).await?.items;
+        Ok(framework::volumebinding::pod_volumes(&info.claims, &claims, &volumes, &classes))
+    }
+
+    /// Tell the provisioner where the pod goes: `volume.kubernetes.io/selected-node` on each
+    /// unbound WaitForFirstConsumer claim.
+    async fn select_node_for_claims(&self, info: &PodInfo, node: &str) -> Result<(), kube::Error> {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &info.namespace);
+        for d in info.volumes.iter().flat_map(|v| v.delayed.iter()) {
+            let patch = serde_json::json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": node}}});
+            api.patch(&d.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
+        Ok(())
+    }
+
     async fn bind(self: Arc<Self>, info: Arc<PodInfo>, node: String, profile: String, start: Instant) {
         let key = info.key();
+        if let Err(e) = self.select_node_for_claims(&info, &node).await {
+            lock(&self.cache).forget(&key);
+            tracing::warn!(pod = %key, %node, error = %e, "setting the claims' selected node");
+            self.queue.with(|q| q.error(info.clone(), Instant::now()));
+            self.record_failure(
+                &info,
+                &profile,
+                "SchedulerError",
+                &format!("running PreBind plugin \"VolumeBinding\": {e}"),
+            )
+            .await;
+            return;
+        }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &info.namespace);
         let binding = Binding {
             metadata: ObjectMeta {

@@ -63,6 +63,14 @@ where
     ensure!(patched.labels().get("jsonpatch").map(String::as_str) == Some("yes"), "{kind}: json patch lost");
 
     api.delete(&name, &DeleteParams::default()).await.map_err(|e| anyhow!("{kind} delete: {e}"))?;
+    if matches!(kind.as_str(), "PersistentVolume" | "PersistentVolumeClaim") {
+        // The apiserver's pv-/pvc-protection finalizer holds the object until the
+        // controller-manager (not running here) drops it: do its part.
+        let held = api.get(&name).await?;
+        ensure!(held.meta().deletion_timestamp.is_some(), "{kind}: no deletionTimestamp while finalized");
+        let p = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+        api.patch(&name, &PatchParams::default(), &p).await.map_err(|e| anyhow!("{kind} finalizers: {e}"))?;
+    }
     let gone = api.get(&name).await;
     ensure!(
         gone.as_ref().err().map(code) == Some(404),

@@ -427,13 +427,22 @@ const PV_SOURCES: &[&str] = &[
 
 impl Strategy for VolumeStrategy {
     fn prepare_for_create(&self, obj: &mut Value) {
-        if self.claim {
-            default_at(obj, "/spec/volumeMode", json!("Filesystem"));
-        } else {
+        if !self.claim {
             default_at(obj, "/spec/persistentVolumeReclaimPolicy", json!("Retain"));
-            default_at(obj, "/spec/volumeMode", json!("Filesystem"));
         }
+        default_at(obj, "/spec/volumeMode", json!("Filesystem"));
         obj["status"] = json!({"phase": "Pending"});
+        // StorageObjectInUseProtection: the pvc-protection / pv-protection controllers
+        // remove these once deleting the object can lose nothing.
+        let finalizer = if self.claim { "kubernetes.io/pvc-protection" } else { "kubernetes.io/pv-protection" };
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            let fins = meta.entry("finalizers").or_insert_with(|| json!([]));
+            if let Some(list) = fins.as_array_mut() {
+                if !list.iter().any(|f| f == finalizer) {
+                    list.push(json!(finalizer));
+                }
+            }
+        }
     }
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
         let mut errs = Vec::new();

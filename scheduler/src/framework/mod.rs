@@ -6,6 +6,7 @@
 pub mod filters;
 pub mod scores;
 pub mod types;
+pub mod volumebinding;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,6 +23,7 @@ pub const FILTERS: &[&str] = &[
     "NodeAffinity",
     "NodePorts",
     "NodeResourcesFit",
+    "VolumeBinding",
     "PodTopologySpread",
     "InterPodAffinity",
 ];
@@ -160,6 +162,10 @@ fn run_filters(
             "NodeAffinity" => filters::node_affinity(pod, node),
             "NodePorts" => filters::node_ports(pod, ni),
             "NodeResourcesFit" => filters::node_resources_fit(pod, ni, node),
+            "VolumeBinding" => match &pod.volumes {
+                Some(v) => volumebinding::filter(v, &node.name, &node.labels),
+                None => Ok(()),
+            },
             "PodTopologySpread" => match spread {
                 Some((idx, st)) => filters::pod_topology_spread(pod, node, idx, st),
                 None => Ok(()),

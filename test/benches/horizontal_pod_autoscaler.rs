@@ -169,6 +169,7 @@ async fn bench() -> Result<()> {
     })
     .await?;
     let created = t0.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         anyhow::ensure!(Instant::now() < deadline, "not all Deployments rescaled in time");
         let list = deps.list(&ListParams::default()).await?;

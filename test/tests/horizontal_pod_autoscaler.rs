@@ -184,6 +184,21 @@ async fn cpu_load_scales_a_deployment_up_to_max_and_back_down() -> Result<()> {
     ensure!(replicas(&c.json(&["get", "deployment", "web"])?) == 3, "maxReplicas exceeded");
     let described = c.kubectl(&["describe", "hpa", "web"])?;
     ensure!(described.contains("SuccessfulRescale") && described.contains("ScalingLimited"), "{described}");
+    // Ours prints what the official kubectl prints, up to the events (whose ages move). The
+    // status changes every sync, so the two are taken back to back, a few times if needed.
+    let upto = |t: &str| t.split("\nEvents:").next().unwrap_or_default().to_string();
+    let mut same = false;
+    let (mut ours, mut theirs) = (String::new(), String::new());
+    for _ in 0..5 {
+        ours = run(&our_kubectl(), &c.api.url(), &["describe", "hpa", "web"], None)?.stdout;
+        theirs = c.kubectl(&["describe", "hpa", "web"])?;
+        if upto(&ours) == upto(&theirs) {
+            same = true;
+            break;
+        }
+    }
+    ensure!(same, "describe hpa differs:\nofficial:\n{theirs}\nours:\n{ours}");
+    ensure!(ours.contains("SuccessfulRescale"), "{ours}");
 
     // Load removed: back to one replica once the (shortened) stabilization window passed.
     c.kubectl(&["exec", &pod, "--", "rm", "-f", "/tmp/burn"])?;

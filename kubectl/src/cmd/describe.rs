@@ -711,6 +711,7 @@ pub fn describe_text(res: &ApiRes, o: &Value, extra: Option<&Value>) -> String {
         ("networking.k8s.io", "ingresses") => describe_more::describe_ingress(o, extra),
         ("", "persistentvolumeclaims") => describe_more::describe_pvc(o, extra),
         ("", "persistentvolumes") => describe_more::describe_pv(o),
+        ("autoscaling", "horizontalpodautoscalers") => describe_more::describe_hpa(o),
         _ => describe_generic(o, res.namespaced),
     }
 }

@@ -1,5 +1,6 @@
 //! `kubectl describe` sections for statefulsets, daemonsets, jobs, cronjobs, configmaps,
-//! secrets, ingresses, persistentvolumeclaims and persistentvolumes, in the official
+//! secrets, ingresses, persistentvolumeclaims, persistentvolumes and
+//! horizontalpodautoscalers, in the official
 //! kubectl's order and words. Pure; what needs other objects (pods, services, endpoints)
 //! gets them through `extra`, gathered by `describe::run`.
 
@@ -474,4 +475,118 @@ mod tests {
         let pods = [pod("Running", "u1"), pod("Pending", "u1"), pod("Running", "other"), pod("Failed", "u1")];
         assert_eq!(pods_status(&o, &pods), "1 Running / 1 Waiting / 0 Succeeded / 1 Failed");
     }
+}
+
+/// `describeHorizontalPodAutoscalerV2`: the metrics as `current / target`, the bounds, the
+/// behavior when set, the replica counts and the conditions.
+pub fn describe_hpa(o: &Value) -> String {
+    let mut out = String::new();
+    meta_header(&mut out, o, true);
+    map_lines(&mut out, "", "Labels", o.pointer("/metadata/labels"), "=");
+    map_lines(&mut out, "", "Annotations", o.pointer("/metadata/annotations"), ": ");
+    out.push_str(&format!("CreationTimestamp:\t{}\n", when(o, "/metadata/creationTimestamp")));
+    let kind = s(o, "/spec/scaleTargetRef/kind");
+    out.push_str(&format!("Reference:\t{kind}/{}\n", s(o, "/spec/scaleTargetRef/name")));
+    out.push_str("Metrics:\t( current / target )\n");
+    let current = o.pointer("/status/currentMetrics").and_then(Value::as_array).cloned().unwrap_or_default();
+    for (idx, m) in o.pointer("/spec/metrics").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let cur = current.get(idx);
+        let cur_at = |p: &str| cur.and_then(|c| c.pointer(p)).map(text);
+        match m.get("type").and_then(Value::as_str).unwrap_or_default() {
+            t @ ("Resource" | "ContainerResource") => {
+                let key = if t == "Resource" { "resource" } else { "containerResource" };
+                let name = s(m, &format!("/{key}/name"));
+                let on = if t == "Resource" {
+                    format!("resource {name} on pods")
+                } else {
+                    format!("resource {name} of container \"{}\" on pods", s(m, "/containerResource/container"))
+                };
+                if let Some(target) = m.pointer(&format!("/{key}/target/averageValue")) {
+                    let c = cur_at(&format!("/{key}/current/averageValue")).unwrap_or_else(|| "<unknown>".into());
+                    out.push_str(&format!("  {on}:\t{c} / {}\n", text(target)));
+                } else {
+                    let c = match (
+                        cur_at(&format!("/{key}/current/averageUtilization")),
+                        cur_at(&format!("/{key}/current/averageValue")),
+                    ) {
+                        (Some(u), Some(v)) => format!("{u}% ({v})"),
+                        _ => "<unknown>".into(),
+                    };
+                    let target = m
+                        .pointer(&format!("/{key}/target/averageUtilization"))
+                        .map(|u| format!("{}%", text(u)))
+                        .unwrap_or_else(|| "<auto>".into());
+                    out.push_str(&format!("  {on}  (as a percentage of request):\t{c} / {target}\n"));
+                }
+            }
+            "Pods" => {
+                let c = cur_at("/pods/current/averageValue").unwrap_or_else(|| "<unknown>".into());
+                out.push_str(&format!(
+                    "  \"{}\" on pods:\t{c} / {}\n",
+                    s(m, "/pods/metric/name"),
+                    s(m, "/pods/target/averageValue")
+                ));
+            }
+            "Object" => {
+                let on = format!("{}/{}", s(m, "/object/describedObject/kind"), s(m, "/object/describedObject/name"));
+                let metric = s(m, "/object/metric/name");
+                if m.pointer("/object/target/value").is_some() {
+                    let c = cur_at("/object/current/value").unwrap_or_else(|| "<unknown>".into());
+                    out.push_str(&format!("  \"{metric}\" on {on}:\t{c} / {}\n", s(m, "/object/target/value")));
+                } else {
+                    let c = cur_at("/object/current/averageValue").unwrap_or_else(|| "<unknown>".into());
+                    out.push_str(&format!(
+                        "  \"{metric}\" on {on} (target average value):\t{c} / {}\n",
+                        s(m, "/object/target/averageValue")
+                    ));
+                }
+            }
+            other => out.push_str(&format!("  <unknown metric type \"{other}\">\n")),
+        }
+    }
+    let min = o.pointer("/spec/minReplicas").map(text).unwrap_or_else(|| "<unset>".into());
+    out.push_str(&format!("Min replicas:\t{min}\n"));
+    out.push_str(&format!("Max replicas:\t{}\n", i(o, "/spec/maxReplicas")));
+    if let Some(b) = o.pointer("/spec/behavior").filter(|b| !b.is_null()) {
+        out.push_str("Behavior:\n");
+        for (title, key) in [("Scale Up", "scaleUp"), ("Scale Down", "scaleDown")] {
+            let Some(r) = b.get(key).filter(|r| !r.is_null()) else { continue };
+            out.push_str(&format!("  {title}:\n"));
+            if let Some(w) = r.get("stabilizationWindowSeconds") {
+                out.push_str(&format!("    Stabilization Window: {} seconds\n", text(w)));
+            }
+            let policies = r.get("policies").and_then(Value::as_array).cloned().unwrap_or_default();
+            if !policies.is_empty() {
+                let select = r.get("selectPolicy").map(text).unwrap_or_else(|| "Max".into());
+                out.push_str(&format!("    Select Policy: {select}\n    Policies:\n"));
+                for p in policies {
+                    out.push_str(&format!(
+                        "      - Type: {}\tValue: {}\tPeriod: {} seconds\n",
+                        s(&p, "/type"),
+                        i(&p, "/value"),
+                        i(&p, "/periodSeconds")
+                    ));
+                }
+            }
+        }
+    }
+    out.push_str(&format!(
+        "{kind} pods:\t{} current / {} desired\n",
+        i(o, "/status/currentReplicas"),
+        i(o, "/status/desiredReplicas")
+    ));
+    let conditions = o.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+    if !conditions.is_empty() {
+        out.push_str("Conditions:\n  Type\tStatus\tReason\tMessage\n  ----\t------\t------\t-------\n");
+        for c in conditions {
+            out.push_str(&format!(
+                "  {}\t{}\t{}\t{}\n",
+                s(&c, "/type"),
+                s(&c, "/status"),
+                s(&c, "/reason"),
+                s(&c, "/message")
+            ));
+        }
+    }
+    out
 }

@@ -15,10 +15,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use e2e::controller_manager::{kubectl_ok, ControllerManager, Fixture};
-use e2e::kubelet::{require_docker, Kubelet};
-use e2e::scheduler::Scheduler;
-use e2e::{eventually, ApiServer};
+use e2e::controller_manager::{kubectl_ok, Fixture};
+use e2e::eventually;
+use e2e::kubelet::Cluster;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -193,33 +192,6 @@ async fn identity_claims_order_and_partitioned_update_at_the_api() -> Result<()>
     Ok(())
 }
 
-/// Apiserver, scheduler, controller-manager and one kubelet on Docker.
-struct Cluster {
-    kubelet: Kubelet,
-    _cm: ControllerManager,
-    _sched: Scheduler,
-    api: ApiServer,
-}
-
-impl Cluster {
-    fn start(prefix: &str) -> Result<Option<Cluster>> {
-        if !require_docker() {
-            return Ok(None);
-        }
-        let api = ApiServer::start()?;
-        let sched = Scheduler::start(&api, &[])?;
-        let cm = ControllerManager::start(&api, &[])?;
-        let kubelet = Kubelet::start(&api.url(), prefix)?;
-        Ok(Some(Cluster { kubelet, _cm: cm, _sched: sched, api }))
-    }
-
-    fn log_tail(&self) -> String {
-        let log = self.kubelet.log();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-}
-
 fn ready_since(p: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
     let c = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready" && c.status == "True")?;
     Some(c.last_transition_time.as_ref()?.0)
@@ -227,7 +199,7 @@ fn ready_since(p: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pods_come_up_in_order_on_docker_and_keep_their_names() -> Result<()> {
-    let Some(c) = Cluster::start("sts")? else { return Ok(()) };
+    let Some(c) = Cluster::start("sts", 1)? else { return Ok(()) };
     let client = c.api.client()?;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), "default");
     let pods: Api<Pod> = Api::namespaced(client, "default");
@@ -253,7 +225,7 @@ async fn pods_come_up_in_order_on_docker_and_keep_their_names() -> Result<()> {
         );
     }
     for p in &all {
-        ensure!(p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(c.kubelet.node.as_str()));
+        ensure!(p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(c.nodes[0].node.as_str()));
     }
 
     // web-1 deleted comes back as web-1.

@@ -2,7 +2,8 @@
 //! node agent playing the kubelets): a selector that does not match the template is a 422;
 //! pods come up one at a time in ordinal order, each after its predecessor is Ready; each has
 //! its claims from `volumeClaimTemplates` (`data-web-<n>`), its identity labels, hostname and
-//! subdomain; a deleted pod comes back under its name with the same claim; a partitioned
+//! subdomain (the headless Service's endpoints carry the hostnames cluster DNS answers
+//! `web-<n>.web.<ns>.svc.cluster.local` from); a deleted pod comes back under its name with the same claim; a partitioned
 //! rolling update replaces only the ordinals at or above the partition; scaling down removes
 //! the highest ordinals and, with `whenScaled: Delete`, their claims. On Docker (apiserver,
 //! scheduler, controller-manager, a kubelet): three pods come up in order behind a readiness
@@ -19,7 +20,8 @@ use e2e::controller_manager::{kubectl_ok, Fixture};
 use e2e::eventually;
 use e2e::kubelet::Cluster;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
@@ -146,6 +148,26 @@ async fn identity_claims_order_and_partitioned_update_at_the_api() -> Result<()>
         let c = claims.get(&format!("data-{name}")).await.with_context(|| format!("claim data-{name}"))?;
         ensure!(c.metadata.labels.as_ref().and_then(|l| l.get("app")).map(String::as_str) == Some("web"));
     }
+    // Behind the headless Service `web`, each pod's endpoint carries its hostname: the name
+    // cluster DNS answers as web-<n>.web.sts.svc.cluster.local.
+    let headless: Service = serde_json::from_value(json!({"metadata": {"name": "web"},
+        "spec": {"clusterIP": "None", "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80}]}}))?;
+    t.api::<Service>().create(&pp, &headless).await?;
+    let slices: Api<EndpointSlice> = t.api();
+    eventually(WAIT, || async {
+        let list = slices.list(&ListParams::default().labels("kubernetes.io/service-name=web")).await;
+        let mut hosts: Vec<String> = list
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|s| s.endpoints.unwrap_or_default())
+            .filter_map(|e| e.hostname)
+            .collect();
+        hosts.sort();
+        hosts == ["web-0", "web-1", "web-2"]
+    })
+    .await
+    .context("the headless Service's endpoints carry the pods' hostnames")?;
     let revs = revisions.list(&ListParams::default()).await?.items;
     ensure!(revs.len() == 1 && revs[0].metadata.name.as_deref() == Some(update_revision.as_str()), "{revs:?}");
 

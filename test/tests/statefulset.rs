@@ -202,6 +202,23 @@ async fn identity_claims_order_and_partitioned_update_at_the_api() -> Result<()>
     ensure!(out.contains("partitioned roll out complete: 1 new pods have been updated"), "{out}");
     ensure!(revisions.list(&ListParams::default()).await?.items.len() == 2);
 
+    // `kubectl rollout history` lists both revisions; `undo` brings the first template back,
+    // as the first revision renumbered 3.
+    let hist = kubectl_ok(&t.api, &["-n", "sts", "rollout", "history", "statefulset/web"]).await?;
+    ensure!(hist.contains("1 ") && hist.contains("2 "), "{hist}");
+    kubectl_ok(&t.api, &["-n", "sts", "rollout", "undo", "statefulset/web"]).await?;
+    let image = |s: &StatefulSet| {
+        s.spec.template.spec.as_ref().and_then(|p| p.containers.first()).and_then(|c| c.image.clone())
+    };
+    ensure!(image(&sets.get("web").await?).as_deref() == Some("busybox"), "undo restores the template");
+    eventually(WAIT, || async {
+        let s = status(&sets).await.unwrap_or_default();
+        let renumbered = revisions.get(&update_revision).await.ok().and_then(|r| r.revision) == Some(3);
+        s.update_revision.as_deref() == Some(update_revision.as_str()) && renumbered
+    })
+    .await
+    .context("undo: the first revision is the update revision again, numbered 3")?;
+
     // Scale to 1: web-2 and web-1 go, and with whenScaled=Delete their claims too.
     sets.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 1}}))).await?;
     wait_pods(&pods, &["web-0"], |_| true).await?;

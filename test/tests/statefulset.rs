@@ -10,15 +10,19 @@
 //! probe, `kubectl rollout status` (the official kubectl) waits for them, a deleted pod is back
 //! under its name, and a partition-2 update replaces web-2 only.
 //!
+//! Cluster DNS (kubeproxy's, in a network namespace, the pods played by the fake agent)
+//! answers the stable names `web-<n>.web.<ns>.svc.cluster.local` through the headless Service.
+//!
 //! Claims are checked at the API only: nothing here binds them, so a pod using one would stay
 //! Pending on a real kubelet.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use e2e::controller_manager::{kubectl_ok, Fixture};
-use e2e::eventually;
+use e2e::controller_manager::{kubectl_ok, namespace, ControllerManager, FakeNodeAgent, Fixture};
 use e2e::kubelet::Cluster;
+use e2e::kubeproxy::{prerequisites, Lab};
+use e2e::{eventually, ApiServer};
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -286,5 +290,40 @@ async fn pods_come_up_in_order_on_docker_and_keep_their_names() -> Result<()> {
     let out = c.api.kubectl(&["rollout", "status", "statefulset/web", "--timeout=120s"])?;
     ensure!(out.ok, "rollout status: {}{}", out.stdout, out.stderr);
     ensure!(out.stdout.contains("partitioned roll out complete: 1 new pods have been updated"), "{}", out.stdout);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stable_dns_names_through_a_headless_service() -> Result<()> {
+    if !prerequisites(&["ip", "busybox", "iptables-restore"]) {
+        return Ok(());
+    }
+    let api = ApiServer::start_with(&["--bind-address", "0.0.0.0"])?;
+    let client = api.client()?;
+    namespace(&client, "dns").await?;
+    let _cm = ControllerManager::start(&api, &[])?;
+    let _agent = FakeNodeAgent::start(client.clone());
+    let headless: Service = serde_json::from_value(json!({"metadata": {"name": "web"},
+        "spec": {"clusterIP": "None", "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80}]}}))?;
+    Api::<Service>::namespaced(client.clone(), "dns").create(&PostParams::default(), &headless).await?;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), "dns");
+    sets.create(&PostParams::default(), &statefulset(json!({"replicas": 2}))?).await?;
+    let pods: Api<Pod> = Api::namespaced(client, "dns");
+    let running = wait_pods(&pods, &["web-0", "web-1"], |ps| ps.iter().all(ready)).await?;
+    let mut lab = Lab::new(0)?;
+    lab.start_kubeproxy(api.port, &["--dns-bind-address", "0.0.0.0:53"])?;
+    for p in &running {
+        let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default();
+        let name = format!("{}.web.dns.svc.cluster.local", p.metadata.name.as_deref().unwrap_or_default());
+        let mut last = String::new();
+        let found = eventually(WAIT, || {
+            let out = lab.node_sh(&format!("busybox nslookup {name} 127.0.0.1"));
+            last = String::from_utf8_lossy(&out.stdout).into_owned();
+            let ok = !ip.is_empty() && last.contains(&ip);
+            async move { ok }
+        })
+        .await;
+        ensure!(found.is_ok(), "{name} does not resolve to {ip}: {last}\nkubeproxy log:\n{}", lab.kubeproxy_log());
+    }
     Ok(())
 }

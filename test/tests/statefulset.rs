@@ -5,7 +5,8 @@
 //! subdomain (the headless Service's endpoints carry the hostnames cluster DNS answers
 //! `web-<n>.web.<ns>.svc.cluster.local` from); a deleted pod comes back under its name with the same claim; a partitioned
 //! rolling update replaces only the ordinals at or above the partition; scaling down removes
-//! the highest ordinals and, with `whenScaled: Delete`, their claims. On Docker (apiserver,
+//! the highest ordinals and, with `whenScaled: Delete`, their claims; with `whenDeleted:
+//! Delete` the last claim goes with the set. On Docker (apiserver,
 //! scheduler, controller-manager, a kubelet): three pods come up in order behind a readiness
 //! probe, `kubectl rollout status` (the official kubectl) waits for them, a deleted pod is back
 //! under its name, and a partition-2 update replaces web-2 only.
@@ -232,6 +233,23 @@ async fn identity_claims_order_and_partitioned_update_at_the_api() -> Result<()>
     })
     .await
     .context("the scaled-down claims are deleted, data-web-0 stays")?;
+
+    // whenDeleted=Delete: the set becomes its claim's owner, and deleting the set deletes it.
+    let policy = json!({"spec": {"persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete"}}});
+    sets.patch("web", &PatchParams::default(), &Patch::Merge(&policy)).await?;
+    eventually(WAIT, || async {
+        let c = claims.get("data-web-0").await.ok();
+        c.and_then(|c| c.metadata.owner_references).is_some_and(|r| r.iter().any(|r| r.uid == set_uid))
+    })
+    .await
+    .context("data-web-0 owned by the set")?;
+    sets.delete("web", &DeleteParams::default()).await?;
+    eventually(WAIT, || async {
+        let left = claims.list(&ListParams::default()).await.map(|l| l.items.len()).unwrap_or(1);
+        left == 0 && live_pods(&pods).await.is_empty()
+    })
+    .await
+    .context("the set's pods and claim are deleted with it")?;
     Ok(())
 }
 

@@ -2,14 +2,15 @@
 //! node agent playing the kubelets): a selector that does not match the template is a 422;
 //! pods come up one at a time in ordinal order, each after its predecessor is Ready; each has
 //! its claims from `volumeClaimTemplates` (`data-web-<n>`), its identity labels, hostname and
-//! subdomain (the headless Service's endpoints carry the hostnames cluster DNS answers
-//! `web-<n>.web.<ns>.svc.cluster.local` from); a deleted pod comes back under its name with the same claim; a partitioned
-//! rolling update replaces only the ordinals at or above the partition; scaling down removes
-//! the highest ordinals and, with `whenScaled: Delete`, their claims; with `whenDeleted:
-//! Delete` the last claim goes with the set. On Docker (apiserver,
-//! scheduler, controller-manager, a kubelet): three pods come up in order behind a readiness
-//! probe, `kubectl rollout status` (the official kubectl) waits for them, a deleted pod is back
-//! under its name, and a partition-2 update replaces web-2 only.
+//! subdomain, and its hostname on the headless Service's endpoints; a deleted pod comes back
+//! under its name with the same claim; a partitioned rolling update replaces only the
+//! ordinals at or above the partition; `kubectl rollout history` / `undo` work; scaling down
+//! removes the highest ordinals and, with `whenScaled: Delete`, their claims; with
+//! `whenDeleted: Delete` the last claim goes with the set.
+//!
+//! On Docker (apiserver, scheduler, controller-manager, a kubelet): three pods come up in
+//! order behind a readiness probe, `kubectl rollout status` (the official kubectl) waits for
+//! them, a deleted pod is back under its name, and a partition-2 update replaces web-2 only.
 //!
 //! Cluster DNS (kubeproxy's, in a network namespace, the pods played by the fake agent)
 //! answers the stable names `web-<n>.web.<ns>.svc.cluster.local` through the headless Service.

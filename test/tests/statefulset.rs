@@ -6,7 +6,7 @@
 //! under its name with the same claim; a partitioned rolling update replaces only the
 //! ordinals at or above the partition; `kubectl rollout history` / `undo` work; scaling down
 //! removes the highest ordinals and, with `whenScaled: Delete`, their claims; with
-//! `whenDeleted: Delete` the last claim goes with the set.
+//! `whenDeleted: Delete` the last claim goes with the set; `Parallel` creates every pod at once.
 //!
 //! On Docker (apiserver, scheduler, controller-manager, a kubelet): three pods come up in
 //! order behind a readiness probe, `kubectl rollout status` (the official kubectl) waits for
@@ -251,6 +251,19 @@ async fn identity_claims_order_and_partitioned_update_at_the_api() -> Result<()>
     })
     .await
     .context("the set's pods and claim are deleted with it")?;
+
+    // Parallel: every pod is created at once, none waiting for another to be Ready.
+    t.agent.ready.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut par = statefulset(json!({"podManagementPolicy": "Parallel"}))?;
+    par.metadata.name = Some("par".into());
+    sets.create(&pp, &par).await?;
+    eventually(WAIT, || async {
+        let list = pods.list(&ListParams::default().labels("app=web")).await.map(|l| l.items).unwrap_or_default();
+        let pending = list.iter().filter(|p| !ready(p)).count();
+        names(&list) == ["par-0", "par-1", "par-2"] && pending == 3
+    })
+    .await
+    .context("Parallel: three Pending pods")?;
     Ok(())
 }
 

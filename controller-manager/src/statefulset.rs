@@ -226,20 +226,20 @@ pub fn plan(
     // Revisions: the update revision is the template's; the current one is the status'
     // while it exists.
     let owned_revs = history::owned(set, revisions);
-    let (update_name, update_template) =
-        match history::update_revision(set, &owned_revs, &spec.template, collision, HASH_LABEL) {
-            Update::Existing { name, renumber } => {
-                if let Some(n) = renumber {
-                    steps.push(Step::RenumberRevision(name.clone(), n));
-                }
-                (name, spec.template.clone())
+    let update_template = spec.template.clone();
+    let update_name = match history::update_revision(set, &owned_revs, &spec.template, collision, HASH_LABEL) {
+        Update::Existing { name, renumber } => {
+            if let Some(n) = renumber {
+                steps.push(Step::RenumberRevision(name.clone(), n));
             }
-            Update::New(r) => {
-                let name = r.metadata.name.clone().unwrap_or_default();
-                steps.push(Step::CreateRevision(r));
-                (name, spec.template.clone())
-            }
-        };
+            name
+        }
+        Update::New(r) => {
+            let name = r.metadata.name.clone().unwrap_or_default();
+            steps.push(Step::CreateRevision(r));
+            name
+        }
+    };
     let current = old
         .current_revision
         .as_ref()

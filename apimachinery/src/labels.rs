@@ -16,7 +16,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use serde_json::Value;
 
@@ -413,48 +412,6 @@ fn validate_value(v: &str) -> Result<(), SelectorError> {
     crate::validation::label_value_errors(v)
         .map(|msg| Err(SelectorError(format!("unable to parse requirement: invalid label value: {v:?}: {msg}"))))
         .unwrap_or(Ok(()))
-}
-
-// ---- node selectors (`v1.NodeSelector`: node affinity, a PersistentVolume's node affinity)
-
-/// Does one node-selector requirement hold for a node (labels, or `metadata.name` for matchFields)?
-fn node_requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let vals = r.values.as_deref().unwrap_or_default();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| vals.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !vals.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(v), Some(want)) =
-                (value.and_then(|v| v.parse::<i64>().ok()), vals.first().and_then(|x| x.parse::<i64>().ok()))
-            else {
-                return false;
-            };
-            if r.operator == "Gt" {
-                v > want
-            } else {
-                v < want
-            }
-        }
-        _ => false,
-    }
-}
-
-/// A `NodeSelectorTerm`: all expressions and fields hold. An empty term matches nothing.
-pub fn node_selector_term_matches(term: &NodeSelectorTerm, name: &str, labels: &BTreeMap<String, String>) -> bool {
-    let exprs = term.match_expressions.as_deref().unwrap_or_default();
-    let fields = term.match_fields.as_deref().unwrap_or_default();
-    if exprs.is_empty() && fields.is_empty() {
-        return false;
-    }
-    exprs.iter().all(|r| node_requirement_matches(r, labels.get(&r.key).map(String::as_str)))
-        && fields.iter().all(|r| r.key == "metadata.name" && node_requirement_matches(r, Some(name)))
-}
-
-/// A `NodeSelector`: any term matches.
-pub fn node_selector_matches(sel: &NodeSelector, name: &str, labels: &BTreeMap<String, String>) -> bool {
-    sel.node_selector_terms.iter().any(|t| node_selector_term_matches(t, name, labels))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //! - [`names`] — generated-name suffixes and the hash encoding of `pod-template-hash`.
 //! - [`labels`] — label selectors: the string form, `metav1.LabelSelector`, matching.
 //! - [`validation`] — the rules for names, label keys and label values.
+//! - [`scheduling`] — tolerations against taints and node selectors against nodes.
 
 pub mod duration;
 pub mod fieldmanager;
@@ -17,5 +18,6 @@ pub mod labels;
 pub mod names;
 pub mod printers;
 pub mod quantity;
+pub mod scheduling;
 pub mod strategicpatch;
 pub mod validation;

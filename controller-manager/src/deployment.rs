@@ -91,18 +91,7 @@ fn template_without_hash(t: Option<&PodTemplateSpec>) -> Value {
 /// `controller.ComputeHash`: FNV-32a of the template (and the collision count), encoded
 /// with `rand.SafeEncodeString`.
 pub fn pod_template_hash(t: &PodTemplateSpec, collision_count: Option<i32>) -> String {
-    let mut h: u32 = 0x811c9dc5;
-    let mut feed = |b: &[u8]| {
-        for x in b {
-            h ^= *x as u32;
-            h = h.wrapping_mul(0x01000193);
-        }
-    };
-    feed(template_without_hash(Some(t)).to_string().as_bytes());
-    if let Some(c) = collision_count {
-        feed(&(c as u32).to_le_bytes());
-    }
-    apimachinery::names::safe_encode_string(&h.to_string())
+    compute_hash(template_without_hash(Some(t)).to_string().as_bytes(), collision_count)
 }
 
 /// maxSurge and maxUnavailable resolved against `replicas` (`ResolveFenceposts`).

@@ -94,6 +94,16 @@ fn target_ref(p: &Pod) -> ObjectReference {
     }
 }
 
+/// A pod's hostname as its endpoint's when the pod names this Service as its subdomain
+/// (`ShouldSetHostname`): what makes `web-0.web.<ns>.svc.<domain>` resolve for a
+/// StatefulSet's pods behind its headless Service.
+fn endpoint_hostname(svc: &Service, p: &Pod) -> Option<String> {
+    let spec = p.spec.as_ref()?;
+    let host = spec.hostname.as_deref().filter(|h| !h.is_empty())?;
+    (spec.subdomain.as_deref() == svc.metadata.name.as_deref() && p.metadata.namespace == svc.metadata.namespace)
+        .then(|| host.to_string())
+}
+
 /// The EndpointSlices a Service should have (without names).
 pub fn desired_slices(svc: &Service, pods: &[Arc<Pod>]) -> Vec<EndpointSlice> {
     if svc.spec.as_ref().and_then(|s| s.selector.as_ref()).is_none_or(|s| s.is_empty()) {
@@ -112,6 +122,7 @@ pub fn desired_slices(svc: &Service, pods: &[Arc<Pod>]) -> Vec<EndpointSlice> {
             }),
             node_name: p.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()),
             target_ref: Some(target_ref(p)),
+            hostname: endpoint_hostname(svc, p),
             ..Default::default()
         });
     }
@@ -195,7 +206,7 @@ pub fn desired_endpoints(svc: &Service, pods: &[Arc<Pod>]) -> Option<Endpoints> 
             ip: p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
             node_name: p.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()),
             target_ref: Some(target_ref(p)),
-            hostname: None,
+            hostname: endpoint_hostname(svc, p),
         };
         let e = subsets.entry(ports).or_default();
         if ready {
@@ -432,6 +443,25 @@ mod tests {
         assert_eq!(sub.addresses.as_ref().unwrap().len(), 1);
         assert_eq!(sub.not_ready_addresses.as_ref().unwrap().len(), 1);
         assert_eq!(sub.ports.as_ref().unwrap()[0].port, 8080);
+    }
+
+    #[test]
+    fn pods_with_this_service_as_subdomain_publish_their_hostname() {
+        let s = svc(IntOrString::Int(80));
+        let mut a = web_pod("web-0", true, 1, 80);
+        let spec = a.spec.as_mut().unwrap();
+        spec.hostname = Some("web-0".into());
+        spec.subdomain = Some("web".into());
+        let mut b = web_pod("web-1", true, 2, 80);
+        b.spec.as_mut().unwrap().hostname = Some("web-1".into());
+        b.spec.as_mut().unwrap().subdomain = Some("other".into());
+        let pods: Vec<Arc<Pod>> = [a, b].into_iter().map(Arc::new).collect();
+        let hosts: Vec<Option<String>> =
+            desired_slices(&s, &pods)[0].endpoints.iter().flatten().map(|e| e.hostname.clone()).collect();
+        assert_eq!(hosts, [Some("web-0".to_string()), None]);
+        let ep = desired_endpoints(&s, &pods).unwrap();
+        let addrs = ep.subsets.unwrap()[0].addresses.clone().unwrap();
+        assert_eq!(addrs[0].hostname.as_deref(), Some("web-0"));
     }
 
     #[test]

@@ -94,6 +94,54 @@ where
     }
 }
 
+/// The objects a pod controller's orphans are matched against, and how to read one's selector.
+pub type SelectorStore<K> = (Store<K>, fn(&K) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector);
+
+/// Route pod events to the controllers of `kind` (the pod controllers' `addPod` / `updatePod` /
+/// `deletePod`): a pod's controller of that kind first learns it was seen (its expectations,
+/// reached through `expectations(ctx)`; a pod being deleted counts as deleted) and is synced;
+/// an orphan's creation or change syncs every object of `store` in its namespace whose
+/// `selector` matches it, which may adopt it (no `selector`: orphans are left alone).
+pub fn route_pods<K, C>(
+    pods: &Informer<k8s_openapi::api::core::v1::Pod>,
+    kind: &'static str,
+    ctx: std::sync::Arc<C>,
+    expectations: fn(&C) -> &crate::util::Expectations,
+    store: Option<SelectorStore<K>>,
+    tx: UnboundedSender<ObjectRef<K>>,
+) where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    C: Send + Sync + 'static,
+{
+    use crate::util::{controller_ref, is_deleting, labels};
+    pods.add_handler(move |pod, deleted| {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        match controller_ref(&pod.metadata) {
+            Some(r) if r.kind == kind => {
+                expectations(&ctx).observe(
+                    &format!("{ns}/{}", r.name),
+                    pod.metadata.name.as_deref().unwrap_or(""),
+                    pod.metadata.uid.as_deref().unwrap_or(""),
+                    deleted || is_deleting(&pod.metadata),
+                );
+                let _ = tx.send(ObjectRef::new(&r.name).within(&ns));
+            }
+            None if !deleted => {
+                let Some((store, selector)) = &store else { return };
+                let lbls = labels(&pod.metadata);
+                for o in store.state() {
+                    if o.meta().namespace.as_deref() == Some(&ns)
+                        && apimachinery::labels::selects(Some(selector(&o)), &lbls)
+                    {
+                        let _ = tx.send(ObjectRef::from_obj(o.as_ref()));
+                    }
+                }
+            }
+            _ => {}
+        }
+    });
+}
+
 /// A trigger channel for a controller of `T`: handlers send into it; pass the
 /// receiver's stream to `Controller::reconcile_on`.
 pub fn trigger<T: Resource<DynamicType = ()>>(

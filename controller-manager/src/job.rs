@@ -21,11 +21,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::informer::{trigger, Informer};
+use crate::informer::{route_pods, trigger, Informer};
 use crate::runner::{run_controller, Policy};
 use crate::util::*;
 use crate::Error;
@@ -314,19 +313,7 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder) 
         Arc::new(Ctx { client: client.clone(), pods: pods.clone(), expectations: Expectations::default(), recorder });
     let (tx, triggers) = trigger::<Job>();
     let controller = Controller::new(Api::<Job>::all(client), watcher::Config::default()).reconcile_on(triggers);
-    let c = ctx.clone();
-    pods.add_handler(move |pod, deleted| {
-        if let Some(r) = controller_ref(&pod.metadata).filter(|r| r.kind == "Job") {
-            let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            c.expectations.observe(
-                &format!("{ns}/{}", r.name),
-                pod.metadata.name.as_deref().unwrap_or(""),
-                pod.metadata.uid.as_deref().unwrap_or(""),
-                deleted || is_deleting(&pod.metadata),
-            );
-            let _ = tx.send(ObjectRef::new(&r.name).within(&ns));
-        }
-    });
+    route_pods::<Job, _>(&pods, "Job", ctx.clone(), |c| &c.expectations, None, tx);
     pods.synced().await;
     run_controller(controller, reconcile, ctx, Policy { metric: "job", what: "job", retry: Duration::from_secs(1) })
         .await;

@@ -7,11 +7,13 @@
 //! whose reconcile function is a thin I/O shell over them.
 
 mod cronjob;
+mod daemonset;
 mod deployment;
 mod discovery;
 mod disruption;
 mod endpoints;
 mod garbagecollector;
+mod history;
 mod informer;
 mod job;
 mod metrics;
@@ -22,6 +24,7 @@ mod podautoscaler;
 mod replicaset;
 mod runner;
 mod serviceaccount;
+mod statefulset;
 mod util;
 mod volume;
 
@@ -33,6 +36,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
@@ -63,6 +67,8 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("persistentvolume-binder", true),
     ("pvc-protection", true),
     ("pv-protection", true),
+    ("statefulset", true),
+    ("daemonset", true),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -216,6 +222,11 @@ async fn main() -> anyhow::Result<()> {
     let pods = informer::Informer::start(Api::<Pod>::all(client.clone()));
     let events = common::events::Recorder::new(client.clone(), "kube-controller-manager");
     let recorder = |c: &str| events.for_component(c);
+    // ControllerRevisions: one watch for the StatefulSet and DaemonSet controllers.
+    let revisions = enabled
+        .iter()
+        .any(|c| matches!(*c, "statefulset" | "daemonset"))
+        .then(|| informer::Informer::start(Api::<ControllerRevision>::all(client.clone())));
     let mut tasks = tokio::task::JoinSet::new();
     // One discovery catalog for the controllers that follow every served kind.
     let mut catalog = None;
@@ -296,6 +307,18 @@ async fn main() -> anyhow::Result<()> {
             }
             c if volume::CONTROLLERS.contains(&c) => {
                 tasks.spawn(volume::run(c, client.clone(), pods.clone(), events.clone(), args.volumes.clone()));
+            }
+            "statefulset" => {
+                if let Some(revs) = &revisions {
+                    let r = recorder("statefulset-controller");
+                    tasks.spawn(statefulset::run(client.clone(), pods.clone(), revs.clone(), r));
+                }
+            }
+            "daemonset" => {
+                if let Some(revs) = &revisions {
+                    let r = recorder("daemonset-controller");
+                    tasks.spawn(daemonset::run(client.clone(), pods.clone(), revs.clone(), r));
+                }
             }
             _ => {}
         }

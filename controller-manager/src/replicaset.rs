@@ -13,19 +13,18 @@ use std::cmp::Reverse;
 use std::sync::Arc;
 use std::time::Duration;
 
-use apimachinery::labels::{selector_or_nothing, selects};
+use apimachinery::labels::selector_or_nothing;
 use common::events::{Recorder, NORMAL, WARNING};
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::informer::{trigger, Informer};
+use crate::informer::{route_pods, trigger, Informer};
 use crate::runner::{run_controller, Policy};
 use crate::util::*;
 use crate::Error;
@@ -314,32 +313,8 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, recorder: Recorder, 
     let controller = Controller::new(Api::<ReplicaSet>::all(client), watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(workers))
         .reconcile_on(triggers);
-    let store = controller.store();
-    let c = ctx.clone();
-    pods.add_handler(move |pod, deleted| {
-        let ns = pod.metadata.namespace.clone().unwrap_or_default();
-        match controller_ref(&pod.metadata) {
-            Some(r) if r.kind == "ReplicaSet" => {
-                c.expectations.observe(
-                    &format!("{ns}/{}", r.name),
-                    pod.metadata.name.as_deref().unwrap_or(""),
-                    pod.metadata.uid.as_deref().unwrap_or(""),
-                    deleted || is_deleting(&pod.metadata),
-                );
-                let _ = tx.send(ObjectRef::new(&r.name).within(&ns));
-            }
-            Some(_) => {}
-            None if !deleted => {
-                let lbls = labels(&pod.metadata);
-                for rs in store.state() {
-                    if rs.metadata.namespace.as_deref() == Some(&ns) && selects(Some(&rs.spec.selector), &lbls) {
-                        let _ = tx.send(ObjectRef::from_obj(rs.as_ref()));
-                    }
-                }
-            }
-            None => {}
-        }
-    });
+    let selector: fn(&ReplicaSet) -> &LabelSelector = |rs| &rs.spec.selector;
+    route_pods(&pods, "ReplicaSet", ctx.clone(), |c| &c.expectations, Some((controller.store(), selector)), tx);
     pods.synced().await;
     let policy = Policy { metric: "replicaset", what: "replicaset", retry: Duration::from_secs(1) };
     run_controller(controller, reconcile, ctx, policy).await;

@@ -185,6 +185,46 @@ impl Expectations {
     }
 }
 
+impl Expectations {
+    /// Create `pod` for `key`, expecting to see it; the expectation is dropped again when
+    /// the create fails.
+    pub async fn create_pod(&self, api: &kube::Api<Pod>, key: &str, pod: &Pod) -> Result<(), kube::Error> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        self.expect(key, [name.clone()], []);
+        let r = api.create(&Default::default(), pod).await;
+        if r.is_err() {
+            self.lower(key, Some(&name), None);
+        }
+        r.map(|_| ())
+    }
+
+    /// Delete the pod `name` with UID `uid` for `key`, expecting to see it go. `Ok(false)` when
+    /// it is gone already or is another pod now (404, 409).
+    pub async fn delete_pod(
+        &self,
+        api: &kube::Api<Pod>,
+        key: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<bool, kube::Error> {
+        self.expect(key, [], [uid.to_string()]);
+        let dp = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+            ..Default::default()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                self.lower(key, None, Some(uid));
+                match e {
+                    kube::Error::Api(a) if a.code == 404 || a.code == 409 => Ok(false),
+                    e => Err(e),
+                }
+            }
+        }
+    }
+}
+
 /// `intstr.GetScaledValueFromIntOrPercent`.
 pub fn scaled_value(
     v: Option<&k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
@@ -204,6 +244,47 @@ pub fn scaled_value(
             (if round_up { (x + 99).div_euclid(100) } else { x.div_euclid(100) }) as i32
         }
         None => s.parse().unwrap_or(0),
+    }
+}
+
+/// `controller.ComputeHash` / `history.HashControllerRevision`: FNV-32a of `data` (and the
+/// collision count, when there is one), encoded with `rand.SafeEncodeString`.
+pub fn compute_hash(data: &[u8], collision_count: Option<i32>) -> String {
+    let mut h: u32 = 0x811c9dc5;
+    let mut feed = |b: &[u8]| {
+        for x in b {
+            h ^= *x as u32;
+            h = h.wrapping_mul(0x01000193);
+        }
+    };
+    feed(data);
+    if let Some(c) = collision_count {
+        feed(&(c as u32).to_le_bytes());
+    }
+    apimachinery::names::safe_encode_string(&h.to_string())
+}
+
+/// A write's result, with 404 (the object is gone already) as success.
+pub fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Adopt `pod` (add `me` as its controller) or release it (remove `me`), guarded by its UID;
+/// a failure is logged (the next sync decides again).
+pub async fn set_controller(api: &kube::Api<Pod>, pod: &Pod, me: &OwnerReference, adopt: bool) {
+    let mut refs: Vec<OwnerReference> = pod.metadata.owner_references.clone().unwrap_or_default();
+    refs.retain(|r| r.uid != me.uid);
+    if adopt {
+        refs.push(me.clone());
+    }
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let patch = serde_json::json!({"metadata": {"ownerReferences": refs, "uid": pod.metadata.uid}});
+    if let Err(e) = api.patch(&name, &Default::default(), &kube::api::Patch::Merge(&patch)).await {
+        tracing::warn!(pod = %name, error = %e, adopt, "changing the pod's controller");
     }
 }
 

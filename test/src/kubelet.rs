@@ -195,6 +195,50 @@ impl Node {
     }
 }
 
+/// A small whole cluster on Docker: the apiserver, the scheduler, the controller-manager and
+/// kubelets (`nodes[0]` first). Fields drop in order: the kubelets (removing their
+/// containers) first, the apiserver last.
+pub struct Cluster {
+    pub nodes: Vec<Kubelet>,
+    pub cm: crate::controller_manager::ControllerManager,
+    pub sched: crate::scheduler::Scheduler,
+    pub api: crate::ApiServer,
+}
+
+impl Cluster {
+    /// `None` when Docker is missing outside CI (`require_docker`). Nodes are named
+    /// `<prefix>-<pid>-<n>`.
+    pub fn start(prefix: &str, nodes: usize) -> Result<Option<Cluster>> {
+        if !require_docker() {
+            return Ok(None);
+        }
+        let api = crate::ApiServer::start()?;
+        let sched = crate::scheduler::Scheduler::start(&api, &[])?;
+        let cm = crate::controller_manager::ControllerManager::start(&api, &[])?;
+        let nodes = (0..nodes).map(|_| Kubelet::start(&api.url(), prefix)).collect::<Result<Vec<_>>>()?;
+        Ok(Some(Cluster { nodes, cm, sched, api }))
+    }
+
+    /// Start one more kubelet.
+    pub fn add_node(&mut self, prefix: &str) -> Result<&Kubelet> {
+        self.nodes.push(Kubelet::start(&self.api.url(), prefix)?);
+        Ok(&self.nodes[self.nodes.len() - 1])
+    }
+
+    /// The last lines of every kubelet's log, for a failure message.
+    pub fn log_tail(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|k| {
+                let log = k.log();
+                let lines: Vec<&str> = log.lines().collect();
+                format!("--- kubelet {} ---\n{}", k.node, lines[lines.len().saturating_sub(20)..].join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
 /// A running kubelet process for one node; on drop it is killed and its node's containers,
 /// bridge and files are removed.
 pub struct Kubelet {

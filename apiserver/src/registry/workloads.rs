@@ -59,7 +59,8 @@ fn validate_replicas(obj: &Value, errs: &mut Vec<FieldError>) {
     }
 }
 
-fn validate_restart_policy(obj: &Value, pointer: &str, path: &str, allowed: &[&str], errs: &mut Vec<FieldError>) {
+/// A string field that, when present, must be one of `allowed` (`Unsupported value`).
+fn validate_one_of(obj: &Value, pointer: &str, path: &str, allowed: &[&str], errs: &mut Vec<FieldError>) {
     if let Some(rp) = str_at(obj, pointer) {
         if !allowed.contains(&rp) {
             errs.push(FieldError::not_supported(path, &json!(rp), allowed));
@@ -176,13 +177,31 @@ impl Strategy for WorkloadStrategy {
                 validate_selector(obj, &mut errs);
                 validate_replicas(obj, &mut errs);
                 errs.extend(validate_pod_template(obj.pointer("/spec/template"), "spec.template"));
-                validate_restart_policy(
+                validate_one_of(
                     obj,
                     "/spec/template/spec/restartPolicy",
                     "spec.template.spec.restartPolicy",
                     &["Always"],
                     &mut errs,
                 );
+                if self.0 == StatefulSet {
+                    let policies = ["OrderedReady", "Parallel"];
+                    validate_one_of(obj, "/spec/podManagementPolicy", "spec.podManagementPolicy", &policies, &mut errs);
+                    let types = ["OnDelete", "RollingUpdate"];
+                    validate_one_of(obj, "/spec/updateStrategy/type", "spec.updateStrategy.type", &types, &mut errs);
+                    let partition = obj.pointer("/spec/updateStrategy/rollingUpdate/partition").and_then(Value::as_i64);
+                    if let Some(p) = partition.filter(|p| *p < 0) {
+                        errs.push(FieldError::invalid(
+                            "spec.updateStrategy.rollingUpdate.partition",
+                            &json!(p),
+                            "must be greater than or equal to 0",
+                        ));
+                    }
+                }
+                if self.0 == DaemonSet {
+                    let types = ["OnDelete", "RollingUpdate"];
+                    validate_one_of(obj, "/spec/updateStrategy/type", "spec.updateStrategy.type", &types, &mut errs);
+                }
                 if self.0 == Deployment {
                     if let Some(t) = str_at(obj, "/spec/strategy/type") {
                         if !["RollingUpdate", "Recreate"].contains(&t) {
@@ -434,6 +453,23 @@ mod tests {
         changed["spec"]["selector"]["matchLabels"]["x"] = json!("y");
         changed["spec"]["template"]["metadata"]["labels"]["x"] = json!("y");
         assert!(s.validate_update(&changed, &d).iter().any(|e| e.message.contains("immutable")));
+    }
+
+    #[test]
+    fn statefulset_and_daemonset_enums() {
+        let s = WorkloadStrategy(Workload::StatefulSet);
+        let mut set = deployment();
+        s.prepare_for_create(&mut set);
+        assert_eq!(set["spec"]["podManagementPolicy"], "OrderedReady");
+        assert!(s.validate(&set).is_empty(), "{:?}", s.validate(&set));
+        set["spec"]["podManagementPolicy"] = json!("Sometimes");
+        set["spec"]["updateStrategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"partition": -1}});
+        let fields: Vec<String> = s.validate(&set).into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["spec.podManagementPolicy", "spec.updateStrategy.rollingUpdate.partition"]);
+        let d = WorkloadStrategy(Workload::DaemonSet);
+        let mut ds = deployment();
+        ds["spec"]["updateStrategy"] = json!({"type": "Recreate"});
+        assert_eq!(d.validate(&ds)[0].field, "spec.updateStrategy.type");
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub fn unsatisfied(v: &PersistentVolume, c: &PersistentVolumeClaim) -> Option<St
 /// Does the volume's required node affinity admit the node (no affinity: every node)?
 pub fn node_fits(v: &PersistentVolume, node: &str, labels: &BTreeMap<String, String>) -> bool {
     match v.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).and_then(|a| a.required.as_ref()) {
-        Some(sel) => apimachinery::labels::node_selector_matches(sel, node, labels),
+        Some(sel) => apimachinery::scheduling::node_selector_matches(sel, node, labels),
         None => true,
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Taint, Toleration};
+use k8s_openapi::api::core::v1::Taint;
 
 use super::types::{node_selector_matches, Labels, NodeData, NodeInfo, PodInfo, Snapshot};
 
@@ -25,26 +25,7 @@ pub const TAINT_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
 /// Why a node was rejected: one or more reason strings.
 pub type Reasons = Vec<String>;
 
-/// Does `t` tolerate `taint` (`v1.Toleration.ToleratesTaint`)?
-pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
-    let effect = t.effect.as_deref().unwrap_or_default();
-    if !effect.is_empty() && effect != taint.effect {
-        return false;
-    }
-    let key = t.key.as_deref().unwrap_or_default();
-    if !key.is_empty() && key != taint.key {
-        return false;
-    }
-    match t.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => true,
-        "Equal" | "" => t.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
-        _ => false,
-    }
-}
-
-pub fn tolerated(tolerations: &[Toleration], taint: &Taint) -> bool {
-    tolerations.iter().any(|t| tolerates(t, taint))
-}
+pub use apimachinery::scheduling::{tolerated, tolerates};
 
 /// NodeName: `spec.nodeName`, if set, names this node.
 pub fn node_name(pod: &PodInfo, node: &NodeData) -> Result<(), Reasons> {

@@ -124,7 +124,7 @@ pub fn single_equality(s: &Selector) -> Option<(&str, &str)> {
     }
 }
 
-pub use apimachinery::labels::{node_selector_matches, node_selector_term_matches};
+pub use apimachinery::scheduling::{node_selector_matches, node_selector_term_matches};
 
 /// One pod (anti-)affinity term, resolved against the pod that carries it.
 #[derive(Clone, Debug)]

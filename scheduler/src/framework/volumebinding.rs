@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use apimachinery::labels::node_selector_matches;
+use apimachinery::scheduling::node_selector_matches;
 use k8s_openapi::api::core::v1::{NodeSelector, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 

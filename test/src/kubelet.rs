@@ -310,6 +310,11 @@ impl Kubelet {
     }
 
     /// SIGKILL the process (its pods keep running in Docker).
+    /// The kubelet process's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

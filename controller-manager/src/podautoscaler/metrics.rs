@@ -3,7 +3,7 @@
 //! `custom.metrics.k8s.io` (served where an adapter is installed), and the pods' requests.
 //! The parsing is pure; [`Source`] is the I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -104,13 +104,38 @@ pub fn pod_info(pod: &Pod, resource: &str, container: Option<&str>) -> PodInfo {
     }
 }
 
+/// How long one namespace's PodMetrics list is reused: the kubelets refresh their samples
+/// every 10 s, so a pass over many HPAs in one namespace asks the metrics API once.
+const RESOURCE_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The metric APIs, read through the apiserver.
 #[derive(Clone)]
 pub struct Source {
     pub client: kube::Client,
+    /// The last PodMetrics list of each namespace, and when it was read.
+    resource_lists: std::sync::Arc<tokio::sync::Mutex<HashMap<String, (std::time::Instant, std::sync::Arc<Value>)>>>,
 }
 
 impl Source {
+    pub fn new(client: kube::Client) -> Self {
+        Source { client, resource_lists: Default::default() }
+    }
+
+    /// Every PodMetrics of `namespace`, at most [`RESOURCE_CACHE_TTL`] old. Concurrent
+    /// callers wait for one read instead of each making their own.
+    async fn pod_metrics(&self, namespace: &str) -> Result<std::sync::Arc<Value>, String> {
+        let mut lists = self.resource_lists.lock().await;
+        if let Some((at, list)) = lists.get(namespace) {
+            if at.elapsed() < RESOURCE_CACHE_TTL {
+                return Ok(list.clone());
+            }
+        }
+        let list = std::sync::Arc::new(self.get(&format!("/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods")).await?);
+        lists.retain(|_, (at, _)| at.elapsed() < RESOURCE_CACHE_TTL);
+        lists.insert(namespace.to_string(), (std::time::Instant::now(), list.clone()));
+        Ok(list)
+    }
+
     async fn get(&self, path: &str) -> Result<Value, String> {
         let req = http::Request::get(path).body(Vec::new()).map_err(|e| e.to_string())?;
         self.client.request::<Value>(req).await.map_err(|e| match e {
@@ -119,27 +144,27 @@ impl Source {
         })
     }
 
-    /// `GetResourceMetric`: per-pod usage of `resource` from `metrics.k8s.io`.
+    /// `GetResourceMetric`: per-pod usage of `resource` from `metrics.k8s.io`, for the pods
+    /// named in `pods` (read from the namespace's list, see [`Source::pod_metrics`]).
     pub async fn resource(
         &self,
         namespace: &str,
-        selector: &str,
+        pods: &[String],
         resource: &str,
         container: Option<&str>,
     ) -> Result<BTreeMap<String, Sample>, String> {
-        let path =
-            format!("/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods?labelSelector={}", encode(selector));
-        let list = self.get(&path).await.map_err(|e| {
-            format!(
-                "unable to get metrics for resource {resource}: unable to fetch metrics from resource metrics API: {e}"
-            )
+        let list = self.pod_metrics(namespace).await.map_err(|e| {
+            format!("unable to get metrics for resource {resource}: unable to fetch metrics from resource metrics API: {e}")
         })?;
-        if list.get("items").and_then(Value::as_array).is_none_or(Vec::is_empty) {
+        let wanted: std::collections::HashSet<&str> = pods.iter().map(String::as_str).collect();
+        let mut samples = resource_samples(&list, resource, container);
+        samples.retain(|name, _| wanted.contains(name.as_str()));
+        if samples.is_empty() {
             return Err(format!(
                 "unable to get metrics for resource {resource}: no metrics returned from resource metrics API"
             ));
         }
-        Ok(resource_samples(&list, resource, container))
+        Ok(samples)
     }
 
     /// `GetRawMetric`: a per-pod custom metric.

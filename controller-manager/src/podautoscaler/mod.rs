@@ -288,7 +288,7 @@ pub async fn run(
         }
     });
     let ctx = Arc::new(Ctx {
-        source: metrics::Source { client: client.clone() },
+        source: metrics::Source::new(client.clone()),
         client,
         pods: pods.clone(),
         catalog,
@@ -312,7 +312,15 @@ pub async fn run(
                 }
                 all
             }
-            Some(h) = changed.recv() => vec![h],
+            Some(h) = changed.recv() => {
+                // A burst of new or changed HPAs is one concurrent batch, not a queue.
+                let mut batch = BTreeMap::new();
+                batch.insert(crate::util::key(&h.metadata), h);
+                while let Ok(h) = changed.try_recv() {
+                    batch.insert(crate::util::key(&h.metadata), h);
+                }
+                batch.into_values().collect()
+            }
             else => return,
         };
         let started = std::time::Instant::now();
@@ -486,7 +494,8 @@ async fn metric(
             let kind = if resource == "cpu" { Resource::Cpu } else { Resource::Other };
             let why = if container.is_some() { "FailedGetContainerResourceMetric" } else { "FailedGetResourceMetric" };
             let infos: Vec<_> = pods.iter().map(|p| metrics::pod_info(p, &resource, container.as_deref())).collect();
-            let samples = match ctx.source.resource(ns, selector, &resource, container.as_deref()).await {
+            let names: Vec<String> = pods.iter().filter_map(|p| p.metadata.name.clone()).collect();
+            let samples = match ctx.source.resource(ns, &names, &resource, container.as_deref()).await {
                 Ok(s) => s,
                 Err(e) => return fail(why, format!("failed to get {resource} utilization: {e}")),
             };

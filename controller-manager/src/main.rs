@@ -21,6 +21,7 @@ mod namespace;
 mod nodeipam;
 mod nodelifecycle;
 mod podautoscaler;
+mod podgc;
 mod replicaset;
 mod runner;
 mod serviceaccount;
@@ -69,6 +70,7 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("pv-protection", true),
     ("statefulset", true),
     ("daemonset", true),
+    ("podgc", true),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -119,6 +121,8 @@ struct Args {
     leader: common::leader::Args,
     #[command(flatten)]
     volumes: volume::VolumeArgs,
+    #[command(flatten)]
+    podgc: podgc::PodGcArgs,
     /// CIDR range for pods in the cluster (node IPAM).
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,
@@ -319,6 +323,9 @@ async fn main() -> anyhow::Result<()> {
                     let r = recorder("daemonset-controller");
                     tasks.spawn(daemonset::run(client.clone(), pods.clone(), revs.clone(), r));
                 }
+            }
+            "podgc" => {
+                tasks.spawn(podgc::run(client.clone(), pods.clone(), args.podgc.clone()));
             }
             _ => {}
         }

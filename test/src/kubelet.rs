@@ -209,12 +209,18 @@ impl Cluster {
     /// `None` when Docker is missing outside CI (`require_docker`). Nodes are named
     /// `<prefix>-<pid>-<n>`.
     pub fn start(prefix: &str, nodes: usize) -> Result<Option<Cluster>> {
+        Self::start_with(prefix, nodes, &[])
+    }
+
+    /// [`Cluster::start`] with extra controller-manager flags (a `--local-path-dir` of the
+    /// test's own, so provisioned volumes stay out of the host's default directory).
+    pub fn start_with(prefix: &str, nodes: usize, cm_args: &[&str]) -> Result<Option<Cluster>> {
         if !require_docker() {
             return Ok(None);
         }
         let api = crate::ApiServer::start()?;
         let sched = crate::scheduler::Scheduler::start(&api, &[])?;
-        let cm = crate::controller_manager::ControllerManager::start(&api, &[])?;
+        let cm = crate::controller_manager::ControllerManager::start(&api, cm_args)?;
         let nodes = (0..nodes).map(|_| Kubelet::start(&api.url(), prefix)).collect::<Result<Vec<_>>>()?;
         Ok(Some(Cluster { nodes, cm, sched, api }))
     }

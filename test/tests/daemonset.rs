@@ -3,7 +3,8 @@
 //! `matchFields metadata.name` affinity; a node tainted NoSchedule without a toleration gets
 //! none until the taint goes; a node that joins gets one; `kubectl rollout status` (the
 //! official kubectl) waits for a rollout and a template change replaces every pod; a node that
-//! is removed loses its pod.
+//! is removed loses its pod, which the pod garbage collector then force-deletes (no kubelet is
+//! left to finish it).
 
 use std::time::{Duration, Instant};
 
@@ -67,7 +68,8 @@ fn kubectl(c: &Cluster, args: &[&str]) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_pod_per_eligible_node() -> Result<()> {
-    let Some(mut c) = Cluster::start("ds", 2)? else { return Ok(()) };
+    // A short pod-gc quarantine, so the removed node's pod is collected within the test.
+    let Some(mut c) = Cluster::start_with("ds", 2, &["--pod-gc-orphan-quarantine=2s"])? else { return Ok(()) };
     let client = c.api.client()?;
     let nodes_api: Api<Node> = Api::all(client.clone());
     let sets: Api<DaemonSet> = Api::namespaced(client.clone(), "default");
@@ -152,6 +154,23 @@ async fn one_pod_per_eligible_node() -> Result<()> {
         }
         ensure!(Instant::now() < deadline, "the removed node's pod stays: {on:?}, {s:?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // With no kubelet to finish it, the pod would stay Terminating: the pod garbage collector
+    // force-deletes it once the node is confirmed gone.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let list = pods.list(&ListParams::default().labels("app=agent")).await?.items;
+        let left: Vec<String> =
+            list.iter().filter(|p| node_of(p) == n3).filter_map(|p| p.metadata.name.clone()).collect();
+        if left.is_empty() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the removed node's pods are still there (Terminating): {left:?}\n{}",
+            c.cm.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(())
 }

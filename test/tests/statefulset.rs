@@ -15,8 +15,11 @@
 //! Cluster DNS (kubeproxy's, in a network namespace, the pods played by the fake agent)
 //! answers the stable names `web-<n>.web.<ns>.svc.cluster.local` through the headless Service.
 //!
-//! Claims are checked at the API only: nothing here binds them, so a pod using one would stay
-//! Pending on a real kubelet.
+//! With volumes, on Docker (two kubelets, the binder and the local-path provisioner): the
+//! claims of `volumeClaimTemplates` without a class get the default `local-path` class and
+//! are provisioned on their pod's node; each pod writes its hostname into `/data/id`; a
+//! deleted web-1 comes back on its volume's node, bound to `data-web-1`, and reads (through
+//! `kubectl exec`) what the first web-1 wrote.
 
 use std::time::{Duration, Instant};
 
@@ -357,5 +360,84 @@ async fn stable_dns_names_through_a_headless_service() -> Result<()> {
         .await;
         ensure!(found.is_ok(), "{name} does not resolve to {ip}: {last}\nkubeproxy log:\n{}", lab.kubeproxy_log());
     }
+    Ok(())
+}
+
+/// `kubectl exec <pod> -- cat /data/id` (the official kubectl), trimmed; `None` while it fails.
+fn read_id(c: &Cluster, pod: &str) -> Result<Option<String>> {
+    let out = c.api.kubectl(&["exec", pod, "--", "cat", "/data/id"])?;
+    Ok(out.ok.then(|| out.stdout.trim().to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_from_templates_are_provisioned_and_outlive_their_pods_on_docker() -> Result<()> {
+    // Two nodes: the replacement web-1 must follow its node-affine local volume.
+    let base = tempfile::tempdir()?;
+    let dir = base.path().to_str().context("non-UTF-8 temp dir")?.to_string();
+    let Some(c) = Cluster::start_with("stsvol", 2, &["--local-path-dir", &dir])? else { return Ok(()) };
+    let client = c.api.client()?;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let volumes: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client);
+    // Each pod writes its hostname (and a token telling one write from another) once; it is
+    // Ready when the file is there. No storageClassName: the default class provisions.
+    let mut set = statefulset(json!({
+        "volumeClaimTemplates": [{"metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}}]
+    }))?;
+    let write = "test -s /data/id || echo \"$(hostname) $(cat /proc/sys/kernel/random/uuid)\" > /data/id; sleep 3600";
+    if let Some(ps) = set.spec.template.spec.as_mut() {
+        ps.containers[0].command = Some(vec!["sh".into(), "-c".into(), write.into()]);
+        ps.containers[0].volume_mounts =
+            Some(vec![serde_json::from_value(json!({"name": "data", "mountPath": "/data"}))?]);
+        ps.containers[0].readiness_probe = Some(serde_json::from_value(json!({
+            "exec": {"command": ["test", "-s", "/data/id"]}, "periodSeconds": 1
+        }))?);
+    }
+    sets.create(&PostParams::default(), &set).await?;
+    let out = c.api.kubectl(&["rollout", "status", "statefulset/web", "--timeout=240s"])?;
+    ensure!(out.ok, "rollout status: {}{}\n{}\n{}", out.stdout, out.stderr, c.log_tail(), c.cm.log());
+    let all = wait_pods(&pods, &["web-0", "web-1", "web-2"], |ps| ps.iter().all(ready)).await?;
+
+    // Every claim got the default class and is Bound to a local-path volume.
+    for i in 0..3 {
+        let claim = claims.get(&format!("data-web-{i}")).await?;
+        let spec = claim.spec.clone().unwrap_or_default();
+        ensure!(spec.storage_class_name.as_deref() == Some("local-path"), "data-web-{i}: {spec:?}");
+        let phase = claim.status.as_ref().and_then(|s| s.phase.clone());
+        ensure!(phase.as_deref() == Some("Bound"), "data-web-{i} is {phase:?}");
+        let id = read_id(&c, &format!("web-{i}"))?.context("reading /data/id")?;
+        ensure!(id.starts_with(&format!("web-{i} ")), "web-{i} wrote {id:?}");
+    }
+    let before = read_id(&c, "web-1")?.context("reading web-1's /data/id")?;
+    let volume = claims.get("data-web-1").await?.spec.and_then(|s| s.volume_name).unwrap_or_default();
+    let pinned = volumes
+        .get(&volume)
+        .await?
+        .spec
+        .and_then(|s| s.node_affinity)
+        .and_then(|a| a.required)
+        .and_then(|r| r.node_selector_terms.first().cloned())
+        .and_then(|t| t.match_expressions)
+        .and_then(|e| e.first().and_then(|e| e.values.as_ref()?.first().cloned()))
+        .unwrap_or_default();
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    ensure!(node_of(&all[1]) == pinned, "web-1 runs on {}, its volume {volume} is on {pinned:?}", node_of(&all[1]));
+
+    // web-1 deleted comes back as web-1, with claim data-web-1, on the volume's node, and
+    // finds what the first web-1 wrote.
+    let old = uid(&all[1]);
+    pods.delete("web-1", &DeleteParams::default()).await?;
+    let back = wait_pods(&pods, &["web-0", "web-1", "web-2"], |ps| uid(&ps[1]) != old && ps.iter().all(ready))
+        .await
+        .with_context(|| c.log_tail())?;
+    let vols = back[1].spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
+    ensure!(vols.iter().any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| c.claim_name == "data-web-1")));
+    ensure!(node_of(&back[1]) == pinned, "the new web-1 runs on {}, not on its volume's node", node_of(&back[1]));
+    ensure!(claims.get("data-web-1").await?.spec.and_then(|s| s.volume_name) == Some(volume.clone()));
+    ensure!(claims.list(&ListParams::default()).await?.items.len() == 3, "no new claim");
+    let after = read_id(&c, "web-1")?.context("reading the new web-1's /data/id")?;
+    ensure!(after == before, "web-1's data: {after:?}, it wrote {before:?}");
     Ok(())
 }

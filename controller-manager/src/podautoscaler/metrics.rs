@@ -108,32 +108,43 @@ pub fn pod_info(pod: &Pod, resource: &str, container: Option<&str>) -> PodInfo {
 /// every 10 s, so a pass over many HPAs in one namespace asks the metrics API once.
 const RESOURCE_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 
+type Samples = std::sync::Arc<BTreeMap<String, Sample>>;
+type SampleCache = HashMap<(String, String, String), (std::time::Instant, Samples)>;
+
 /// The metric APIs, read through the apiserver.
 #[derive(Clone)]
 pub struct Source {
     pub client: kube::Client,
-    /// The last PodMetrics list of each namespace, and when it was read.
-    resource_lists: std::sync::Arc<tokio::sync::Mutex<HashMap<String, (std::time::Instant, std::sync::Arc<Value>)>>>,
+    /// The samples of every pod of a namespace for one resource (and container), as parsed
+    /// from the last PodMetrics list, and when that was read.
+    resource_samples: std::sync::Arc<tokio::sync::Mutex<SampleCache>>,
 }
 
 impl Source {
     pub fn new(client: kube::Client) -> Self {
-        Source { client, resource_lists: Default::default() }
+        Source { client, resource_samples: Default::default() }
     }
 
-    /// Every PodMetrics of `namespace`, at most [`RESOURCE_CACHE_TTL`] old. Concurrent
-    /// callers wait for one read instead of each making their own.
-    async fn pod_metrics(&self, namespace: &str) -> Result<std::sync::Arc<Value>, String> {
-        let mut lists = self.resource_lists.lock().await;
-        if let Some((at, list)) = lists.get(namespace) {
+    /// Every pod's sample of `resource` in `namespace`, at most [`RESOURCE_CACHE_TTL`] old.
+    /// Concurrent callers wait for one read and parse instead of each making their own.
+    async fn namespace_samples(
+        &self,
+        namespace: &str,
+        resource: &str,
+        container: Option<&str>,
+    ) -> Result<Samples, String> {
+        let key = (namespace.to_string(), resource.to_string(), container.unwrap_or_default().to_string());
+        let mut cache = self.resource_samples.lock().await;
+        if let Some((at, samples)) = cache.get(&key) {
             if at.elapsed() < RESOURCE_CACHE_TTL {
-                return Ok(list.clone());
+                return Ok(samples.clone());
             }
         }
-        let list = std::sync::Arc::new(self.get(&format!("/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods")).await?);
-        lists.retain(|_, (at, _)| at.elapsed() < RESOURCE_CACHE_TTL);
-        lists.insert(namespace.to_string(), (std::time::Instant::now(), list.clone()));
-        Ok(list)
+        let list = self.get(&format!("/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods")).await?;
+        let samples = std::sync::Arc::new(resource_samples(&list, resource, container));
+        cache.retain(|_, (at, _)| at.elapsed() < RESOURCE_CACHE_TTL);
+        cache.insert(key, (std::time::Instant::now(), samples.clone()));
+        Ok(samples)
     }
 
     async fn get(&self, path: &str) -> Result<Value, String> {
@@ -145,7 +156,7 @@ impl Source {
     }
 
     /// `GetResourceMetric`: per-pod usage of `resource` from `metrics.k8s.io`, for the pods
-    /// named in `pods` (read from the namespace's list, see [`Source::pod_metrics`]).
+    /// named in `pods` (looked up in the namespace's samples, see [`Source::namespace_samples`]).
     pub async fn resource(
         &self,
         namespace: &str,
@@ -153,12 +164,11 @@ impl Source {
         resource: &str,
         container: Option<&str>,
     ) -> Result<BTreeMap<String, Sample>, String> {
-        let list = self.pod_metrics(namespace).await.map_err(|e| {
+        let all = self.namespace_samples(namespace, resource, container).await.map_err(|e| {
             format!("unable to get metrics for resource {resource}: unable to fetch metrics from resource metrics API: {e}")
         })?;
-        let wanted: std::collections::HashSet<&str> = pods.iter().map(String::as_str).collect();
-        let mut samples = resource_samples(&list, resource, container);
-        samples.retain(|name, _| wanted.contains(name.as_str()));
+        let samples: BTreeMap<String, Sample> =
+            pods.iter().filter_map(|p| all.get(p).map(|s| (p.clone(), *s))).collect();
         if samples.is_empty() {
             return Err(format!(
                 "unable to get metrics for resource {resource}: no metrics returned from resource metrics API"

@@ -278,7 +278,8 @@ async fn stats_cost(api: &Api<Pod>, kubelet: &Kubelet) -> Result<()> {
         idle_cpu / 60.0 * 100.0
     );
     for i in 0..n {
-        api.delete(&format!("stats-{i}"), &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+        api.delete(&format!("stats-{i}"), &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+            .await?;
     }
     Ok(())
 }

@@ -165,7 +165,9 @@ impl Source {
         container: Option<&str>,
     ) -> Result<BTreeMap<String, Sample>, String> {
         let all = self.namespace_samples(namespace, resource, container).await.map_err(|e| {
-            format!("unable to get metrics for resource {resource}: unable to fetch metrics from resource metrics API: {e}")
+            format!(
+                "unable to get metrics for resource {resource}: unable to fetch metrics from resource metrics API: {e}"
+            )
         })?;
         let samples: BTreeMap<String, Sample> =
             pods.iter().filter_map(|p| all.get(p).map(|s| (p.clone(), *s))).collect();

@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -512,6 +512,9 @@ pub struct Ctx {
     pub client: kube::Client,
     pub pods: Informer<Pod>,
     pub revisions: Informer<ControllerRevision>,
+    /// The claims, cached: a sync reads them without asking the apiserver (a claim the cache
+    /// has not seen yet is created again, and that 409 is ignored).
+    pub claims: Informer<PersistentVolumeClaim>,
     pub expectations: Expectations,
     pub recorder: Recorder,
 }
@@ -548,7 +551,7 @@ pub async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Action, E
     let claim_api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let claims: Vec<Arc<PersistentVolumeClaim>> =
         if set.spec.volume_claim_templates.as_ref().is_some_and(|t| !t.is_empty()) {
-            claim_api.list(&ListParams::default()).await?.items.into_iter().map(Arc::new).collect()
+            ctx.claims.state().into_iter().filter(|c| in_ns(&c.metadata)).collect()
         } else {
             Vec::new()
         };
@@ -632,10 +635,12 @@ pub async fn run(
     revisions: Informer<ControllerRevision>,
     recorder: Recorder,
 ) {
+    let claims = Informer::start(Api::<PersistentVolumeClaim>::all(client.clone()));
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         pods: pods.clone(),
         revisions: revisions.clone(),
+        claims: claims.clone(),
         expectations: Expectations::default(),
         recorder,
     });
@@ -654,6 +659,7 @@ pub async fn run(
     });
     pods.synced().await;
     revisions.synced().await;
+    claims.synced().await;
     let policy = Policy { metric: "statefulset", what: "statefulset", retry: Duration::from_secs(1) };
     run_controller(controller, reconcile, ctx, policy).await;
 }

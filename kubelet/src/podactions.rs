@@ -421,28 +421,7 @@ mod tests {
         )
     }
 
-    fn rec(id: &str, name: &str, kind: Kind, state: State, exit: i64, restarts: i32) -> ContainerRecord {
-        ContainerRecord {
-            id: id.into(),
-            pod_uid: "u".into(),
-            pod_namespace: "ns".into(),
-            pod_name: "p".into(),
-            name: name.into(),
-            kind,
-            restart_count: restarts,
-            state,
-            exit_code: exit,
-            oom_killed: false,
-            error: String::new(),
-            started_at: Some("2026-01-01T00:00:00Z".into()),
-            finished_at: (state == State::Exited).then(|| "2026-01-01T00:00:05Z".to_string()),
-            created: restarts as i64,
-            image: "busybox".into(),
-            image_id: "sha256:1".into(),
-            pid: 1,
-            labels: HashMap::new(),
-        }
-    }
+    use crate::status::tests::rec;
 
     fn sandbox(id: &str, state: State, attempt: i32) -> ContainerRecord {
         rec(id, labels::SANDBOX_NAME, Kind::Sandbox, state, 0, attempt)

@@ -367,7 +367,7 @@ pub fn changed(old: Option<&PodStatus>, new: &PodStatus) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -384,7 +384,8 @@ mod tests {
         .unwrap()
     }
 
-    fn rec(id: &str, name: &str, kind: Kind, state: State, exit: i64, restarts: i32) -> ContainerRecord {
+    /// A container record of pod `ns/p` (shared with the pod-action tests).
+    pub(crate) fn rec(id: &str, name: &str, kind: Kind, state: State, exit: i64, restarts: i32) -> ContainerRecord {
         ContainerRecord {
             id: id.into(),
             pod_uid: "u".into(),

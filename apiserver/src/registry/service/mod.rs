@@ -280,37 +280,20 @@ pub fn wants_ip(obj: &Value) -> bool {
     service_type(obj) != "ExternalName" && str_at(obj, "/spec/clusterIP").unwrap_or_default().is_empty()
 }
 
+/// The port entries of a Service that uses node ports, with their indexes (none otherwise).
+fn node_port_entries(obj: &Value) -> impl Iterator<Item = (usize, &Value)> {
+    let ports = if uses_node_ports(obj) { obj.pointer("/spec/ports").and_then(Value::as_array) } else { None };
+    ports.into_iter().flatten().enumerate()
+}
+
 /// The node ports a Service holds, with the index of the port entry.
 pub fn held_node_ports(obj: &Value) -> Vec<(usize, i64)> {
-    if !uses_node_ports(obj) {
-        return vec![];
-    }
-    obj.pointer("/spec/ports")
-        .and_then(Value::as_array)
-        .map(|ps| {
-            ps.iter()
-                .enumerate()
-                .filter_map(|(i, p)| p.get("nodePort").and_then(Value::as_i64).map(|n| (i, n)))
-                .collect()
-        })
-        .unwrap_or_default()
+    node_port_entries(obj).filter_map(|(i, p)| p.get("nodePort").and_then(Value::as_i64).map(|n| (i, n))).collect()
 }
 
 /// Indexes of port entries that need a node port allocated.
 pub fn ports_needing_node_port(obj: &Value) -> Vec<usize> {
-    if !uses_node_ports(obj) {
-        return vec![];
-    }
-    obj.pointer("/spec/ports")
-        .and_then(Value::as_array)
-        .map(|ps| {
-            ps.iter()
-                .enumerate()
-                .filter(|(_, p)| p.get("nodePort").is_none_or(Value::is_null))
-                .map(|(i, _)| i)
-                .collect()
-        })
-        .unwrap_or_default()
+    node_port_entries(obj).filter(|(_, p)| p.get("nodePort").is_none_or(Value::is_null)).map(|(i, _)| i).collect()
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ pub struct Kubelet {
     /// `--cluster-dns`, `--cluster-domain`, the host's resolver files: the pods' resolv.conf and hosts.
     pub dns: crate::dns::Settings,
     /// The running containers' CPU and memory samples (`/stats/summary`).
-    pub stats: crate::stats::Cache,
+    pub stats: Arc<crate::stats::Cache>,
 }
 
 impl Kubelet {

@@ -188,7 +188,7 @@ async fn main() -> Result<()> {
         tokio::spawn(pleg::run(rt, move |ev| k1.notify(&ev.pod_uid), move |records| k2.relisted(records)));
     }
     tokio::spawn(k.clone().watch_pods());
-    tokio::spawn(stats::housekeeping(k.clone(), flags.housekeeping_interval));
+    tokio::spawn(stats::housekeeping(k.rt.clone(), k.stats.clone(), flags.housekeeping_interval));
     tokio::spawn(k.net.clone().run_node_network(k.client.clone()));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

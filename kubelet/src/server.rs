@@ -71,7 +71,7 @@ async fn metrics(State(k): State<Arc<Kubelet>>) -> Response {
 }
 
 async fn summary(State(k): State<Arc<Kubelet>>) -> Response {
-    match crate::stats::summary(&k).await {
+    match crate::stats::summary(&k.rt, &k.stats, &k.node).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response(),
     }

@@ -16,9 +16,8 @@ use jiff::Timestamp;
 use serde_json::{json, Value};
 
 use crate::cgroups::{self, Reading};
-use crate::kubelet::Kubelet;
 use crate::labels::Kind;
-use crate::runtime::{ContainerRecord, ContainerStats, State};
+use crate::runtime::{ContainerRecord, ContainerStats, Runtime, State};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
@@ -122,13 +121,13 @@ fn running_apps(records: &[ContainerRecord]) -> Vec<&ContainerRecord> {
 }
 
 /// Sample every running container each `interval` (cAdvisor's housekeeping).
-pub async fn housekeeping(k: Arc<Kubelet>, interval: Duration) {
+pub async fn housekeeping(rt: Arc<Runtime>, cache: Arc<Cache>, interval: Duration) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        match k.rt.list(None).await {
-            Ok(records) => k.stats.refresh(&running_apps(&records), Timestamp::now()),
+        match rt.list(None).await {
+            Ok(records) => cache.refresh(&running_apps(&records), Timestamp::now()),
             Err(e) => tracing::debug!(error = %format!("{e:#}"), "housekeeping: listing containers failed"),
         }
     }
@@ -136,24 +135,29 @@ pub async fn housekeeping(k: Arc<Kubelet>, interval: Duration) {
 
 /// A container's (time, nanocores, cumulative ns, usage, working set): from the cache,
 /// from a reading now, or from Docker.
-async fn container_numbers(k: &Kubelet, r: &ContainerRecord) -> Option<(Timestamp, u64, u64, u64, u64)> {
-    let cached = k.stats.get(&r.id).or_else(|| {
-        k.stats.refresh_one(r);
-        k.stats.get(&r.id)
+async fn container_numbers(
+    rt: &Runtime,
+    cache: &Cache,
+    r: &ContainerRecord,
+) -> Option<(Timestamp, u64, u64, u64, u64)> {
+    let cached = cache.get(&r.id).or_else(|| {
+        cache.refresh_one(r);
+        cache.get(&r.id)
     });
     if let Some(e) = cached {
         return Some((e.at, e.nanocores, e.reading.cpu_ns, e.reading.usage_bytes, e.reading.working_set_bytes));
     }
-    let s = k.rt.stats(&r.id).await?;
+    let s = rt.stats(&r.id).await?;
     let (nano, total) = cpu(&s);
     let (usage, ws) = memory(&s);
     Some((Timestamp::now(), nano, total, usage, ws))
 }
 
-pub async fn summary(k: &Kubelet) -> anyhow::Result<Value> {
-    let records = k.rt.list(None).await?;
+/// The Summary API document of node `node`.
+pub async fn summary(rt: &Runtime, cache: &Cache, node: &str) -> anyhow::Result<Value> {
+    let records = rt.list(None).await?;
     let running = running_apps(&records);
-    let samples = futures::future::join_all(running.iter().map(|r| container_numbers(k, r))).await;
+    let samples = futures::future::join_all(running.iter().map(|r| container_numbers(rt, cache, r))).await;
     let now = Timestamp::now().to_string();
     let mut pods: BTreeMap<(String, String, String), Vec<Value>> = BTreeMap::new();
     for (r, s) in running.iter().zip(samples) {
@@ -192,7 +196,7 @@ pub async fn summary(k: &Kubelet) -> anyhow::Result<Value> {
     let (total, avail) = (field("MemTotal:"), field("MemAvailable:"));
     Ok(json!({
         "node": {
-            "nodeName": k.node,
+            "nodeName": node,
             "memory": {"time": now, "availableBytes": avail, "usageBytes": total - avail.min(total), "workingSetBytes": total - avail.min(total)},
         },
         "pods": pods,

@@ -37,190 +37,167 @@ fn is_cpu_resource(m: &Value) -> bool {
         && m.pointer("/resource/name").and_then(Value::as_str) == Some("cpu")
 }
 
-// ------------------------------------------------------------------ metrics, v2 → v1
+// ------------------------------------------------------------------ metrics
 
-fn metric_spec_to_v1(m: &Value) -> Value {
+/// The part of a metric a field belongs to: the HPA's spec or its status.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Spec,
+    Status,
+}
+
+/// One field of a metric: where it is in autoscaling/v2, where in v1, and whether v1
+/// requires it (a required `resource.Quantity`, "0" when v2 has none).
+type Field = (&'static str, &'static str, bool);
+const OPTIONAL: bool = false;
+const REQUIRED: bool = true;
+
+/// The one table both directions of the conversion read: every metric field of every
+/// metric type, in spec and status.
+fn fields(ty: &str, part: Part) -> &'static [Field] {
+    use Part::*;
+    match (ty, part) {
+        ("Resource", Spec) => &[
+            ("/resource/name", "/resource/name", OPTIONAL),
+            ("/resource/target/averageUtilization", "/resource/targetAverageUtilization", OPTIONAL),
+            ("/resource/target/averageValue", "/resource/targetAverageValue", OPTIONAL),
+        ],
+        ("ContainerResource", Spec) => &[
+            ("/containerResource/name", "/containerResource/name", OPTIONAL),
+            ("/containerResource/container", "/containerResource/container", OPTIONAL),
+            ("/containerResource/target/averageUtilization", "/containerResource/targetAverageUtilization", OPTIONAL),
+            ("/containerResource/target/averageValue", "/containerResource/targetAverageValue", OPTIONAL),
+        ],
+        ("Pods", Spec) => &[
+            ("/pods/metric/name", "/pods/metricName", OPTIONAL),
+            ("/pods/target/averageValue", "/pods/targetAverageValue", REQUIRED),
+            ("/pods/metric/selector", "/pods/selector", OPTIONAL),
+        ],
+        ("Object", Spec) => &[
+            ("/object/describedObject", "/object/target", OPTIONAL),
+            ("/object/metric/name", "/object/metricName", OPTIONAL),
+            ("/object/target/value", "/object/targetValue", REQUIRED),
+            ("/object/metric/selector", "/object/selector", OPTIONAL),
+            ("/object/target/averageValue", "/object/averageValue", OPTIONAL),
+        ],
+        ("External", Spec) => &[
+            ("/external/metric/name", "/external/metricName", OPTIONAL),
+            ("/external/metric/selector", "/external/metricSelector", OPTIONAL),
+            ("/external/target/value", "/external/targetValue", OPTIONAL),
+            ("/external/target/averageValue", "/external/targetAverageValue", OPTIONAL),
+        ],
+        ("Resource", Status) => &[
+            ("/resource/name", "/resource/name", OPTIONAL),
+            ("/resource/current/averageUtilization", "/resource/currentAverageUtilization", OPTIONAL),
+            ("/resource/current/averageValue", "/resource/currentAverageValue", REQUIRED),
+        ],
+        ("ContainerResource", Status) => &[
+            ("/containerResource/name", "/containerResource/name", OPTIONAL),
+            ("/containerResource/container", "/containerResource/container", OPTIONAL),
+            ("/containerResource/current/averageUtilization", "/containerResource/currentAverageUtilization", OPTIONAL),
+            ("/containerResource/current/averageValue", "/containerResource/currentAverageValue", REQUIRED),
+        ],
+        ("Pods", Status) => &[
+            ("/pods/metric/name", "/pods/metricName", OPTIONAL),
+            ("/pods/current/averageValue", "/pods/currentAverageValue", REQUIRED),
+            ("/pods/metric/selector", "/pods/selector", OPTIONAL),
+        ],
+        ("Object", Status) => &[
+            ("/object/describedObject", "/object/target", OPTIONAL),
+            ("/object/metric/name", "/object/metricName", OPTIONAL),
+            ("/object/current/value", "/object/currentValue", REQUIRED),
+            ("/object/metric/selector", "/object/selector", OPTIONAL),
+            ("/object/current/averageValue", "/object/averageValue", OPTIONAL),
+        ],
+        ("External", Status) => &[
+            ("/external/metric/name", "/external/metricName", OPTIONAL),
+            ("/external/metric/selector", "/external/metricSelector", OPTIONAL),
+            ("/external/current/value", "/external/currentValue", REQUIRED),
+            ("/external/current/averageValue", "/external/currentAverageValue", OPTIONAL),
+        ],
+        _ => &[],
+    }
+}
+
+/// The member of a metric that holds its source (`resource`, `pods`, …), by its type.
+fn source_key(ty: &str) -> Option<&'static str> {
+    Some(match ty {
+        "Resource" => "resource",
+        "ContainerResource" => "containerResource",
+        "Pods" => "pods",
+        "Object" => "object",
+        "External" => "external",
+        _ => return None,
+    })
+}
+
+fn has(m: &Value, pointer: &str) -> bool {
+    m.pointer(pointer).is_some_and(|v| !v.is_null())
+}
+
+/// A metric (spec or status) from autoscaling/v2 to v1.
+fn metric_to_v1(m: &Value, part: Part) -> Value {
     let ty = m.get("type").and_then(Value::as_str).unwrap_or_default();
     let mut out = json!({"type": ty});
-    match ty {
-        "Resource" | "ContainerResource" => {
-            let key = if ty == "Resource" { "resource" } else { "containerResource" };
-            let mut r = json!({});
-            mv(m, &format!("/{key}/name"), &mut r, "/name");
-            if ty == "ContainerResource" {
-                mv(m, "/containerResource/container", &mut r, "/container");
-            }
-            mv(m, &format!("/{key}/target/averageUtilization"), &mut r, "/targetAverageUtilization");
-            mv(m, &format!("/{key}/target/averageValue"), &mut r, "/targetAverageValue");
-            out[key] = r;
+    let Some(key) = source_key(ty) else { return out };
+    out[key] = json!({});
+    for &(v2, v1, required_in_v1) in fields(ty, part) {
+        if required_in_v1 {
+            mv_quantity(m, v2, &mut out, v1);
+        } else {
+            mv(m, v2, &mut out, v1);
         }
-        "Pods" => {
-            let mut p = json!({});
-            mv(m, "/pods/metric/name", &mut p, "/metricName");
-            mv_quantity(m, "/pods/target/averageValue", &mut p, "/targetAverageValue");
-            mv(m, "/pods/metric/selector", &mut p, "/selector");
-            out["pods"] = p;
-        }
-        "Object" => {
-            let mut o = json!({});
-            mv(m, "/object/describedObject", &mut o, "/target");
-            mv(m, "/object/metric/name", &mut o, "/metricName");
-            mv_quantity(m, "/object/target/value", &mut o, "/targetValue");
-            mv(m, "/object/metric/selector", &mut o, "/selector");
-            mv(m, "/object/target/averageValue", &mut o, "/averageValue");
-            out["object"] = o;
-        }
-        "External" => {
-            let mut e = json!({});
-            mv(m, "/external/metric/name", &mut e, "/metricName");
-            mv(m, "/external/metric/selector", &mut e, "/metricSelector");
-            mv(m, "/external/target/value", &mut e, "/targetValue");
-            mv(m, "/external/target/averageValue", &mut e, "/targetAverageValue");
-            out["external"] = e;
-        }
-        _ => {}
     }
     out
+}
+
+/// A metric (spec or status) from autoscaling/v1 to v2: v2's `metric`, `target` and
+/// `current` objects exist even when empty, and a target's type follows from the v1 field
+/// that is set.
+fn metric_from_v1(m: &Value, part: Part) -> Value {
+    let ty = m.get("type").and_then(Value::as_str).unwrap_or_default();
+    let mut out = json!({"type": ty});
+    let Some(key) = source_key(ty) else { return out };
+    let resource = matches!(ty, "Resource" | "ContainerResource");
+    out[key] = match part {
+        Part::Spec => {
+            let target = match ty {
+                "Object" if has(m, "/object/averageValue") => "AverageValue",
+                "Object" => "Value",
+                "External" if has(m, "/external/targetValue") => "Value",
+                "Pods" | "External" => "AverageValue",
+                _ if has(m, &format!("/{key}/targetAverageUtilization")) => "Utilization",
+                _ => "AverageValue",
+            };
+            if resource {
+                json!({"target": {"type": target}})
+            } else {
+                json!({"metric": {}, "target": {"type": target}})
+            }
+        }
+        Part::Status if resource => json!({"current": {}}),
+        Part::Status => json!({"metric": {}, "current": {}}),
+    };
+    for &(v2, v1, _) in fields(ty, part) {
+        mv(m, v1, &mut out, v2);
+    }
+    out
+}
+
+fn metric_spec_to_v1(m: &Value) -> Value {
+    metric_to_v1(m, Part::Spec)
 }
 
 fn metric_status_to_v1(m: &Value) -> Value {
-    let ty = m.get("type").and_then(Value::as_str).unwrap_or_default();
-    let mut out = json!({"type": ty});
-    match ty {
-        "Resource" | "ContainerResource" => {
-            let key = if ty == "Resource" { "resource" } else { "containerResource" };
-            let mut r = json!({});
-            mv(m, &format!("/{key}/name"), &mut r, "/name");
-            if ty == "ContainerResource" {
-                mv(m, "/containerResource/container", &mut r, "/container");
-            }
-            mv(m, &format!("/{key}/current/averageUtilization"), &mut r, "/currentAverageUtilization");
-            mv_quantity(m, &format!("/{key}/current/averageValue"), &mut r, "/currentAverageValue");
-            out[key] = r;
-        }
-        "Pods" => {
-            let mut p = json!({});
-            mv(m, "/pods/metric/name", &mut p, "/metricName");
-            mv_quantity(m, "/pods/current/averageValue", &mut p, "/currentAverageValue");
-            mv(m, "/pods/metric/selector", &mut p, "/selector");
-            out["pods"] = p;
-        }
-        "Object" => {
-            let mut o = json!({});
-            mv(m, "/object/describedObject", &mut o, "/target");
-            mv(m, "/object/metric/name", &mut o, "/metricName");
-            mv_quantity(m, "/object/current/value", &mut o, "/currentValue");
-            mv(m, "/object/metric/selector", &mut o, "/selector");
-            mv(m, "/object/current/averageValue", &mut o, "/averageValue");
-            out["object"] = o;
-        }
-        "External" => {
-            let mut e = json!({});
-            mv(m, "/external/metric/name", &mut e, "/metricName");
-            mv(m, "/external/metric/selector", &mut e, "/metricSelector");
-            mv_quantity(m, "/external/current/value", &mut e, "/currentValue");
-            mv(m, "/external/current/averageValue", &mut e, "/currentAverageValue");
-            out["external"] = e;
-        }
-        _ => {}
-    }
-    out
+    metric_to_v1(m, Part::Status)
 }
 
-// ------------------------------------------------------------------ metrics, v1 → v2
-
 fn metric_spec_from_v1(m: &Value) -> Value {
-    let ty = m.get("type").and_then(Value::as_str).unwrap_or_default();
-    let mut out = json!({"type": ty});
-    match ty {
-        "Resource" | "ContainerResource" => {
-            let key = if ty == "Resource" { "resource" } else { "containerResource" };
-            let src = m.get(key).cloned().unwrap_or(json!({}));
-            let mut r = json!({});
-            mv(&src, "/name", &mut r, "/name");
-            if ty == "ContainerResource" {
-                mv(&src, "/container", &mut r, "/container");
-            }
-            let util = src.get("targetAverageUtilization").is_some_and(|v| !v.is_null());
-            r["target"] = json!({"type": if util { "Utilization" } else { "AverageValue" }});
-            mv(&src, "/targetAverageUtilization", &mut r, "/target/averageUtilization");
-            mv(&src, "/targetAverageValue", &mut r, "/target/averageValue");
-            out[key] = r;
-        }
-        "Pods" => {
-            let mut p = json!({"metric": {}, "target": {"type": "AverageValue"}});
-            mv(m, "/pods/metricName", &mut p, "/metric/name");
-            mv(m, "/pods/selector", &mut p, "/metric/selector");
-            mv(m, "/pods/targetAverageValue", &mut p, "/target/averageValue");
-            out["pods"] = p;
-        }
-        "Object" => {
-            let average = m.pointer("/object/averageValue").is_some_and(|v| !v.is_null());
-            let mut o = json!({"metric": {}, "target": {"type": if average { "AverageValue" } else { "Value" }}});
-            mv(m, "/object/target", &mut o, "/describedObject");
-            mv(m, "/object/metricName", &mut o, "/metric/name");
-            mv(m, "/object/selector", &mut o, "/metric/selector");
-            mv(m, "/object/targetValue", &mut o, "/target/value");
-            mv(m, "/object/averageValue", &mut o, "/target/averageValue");
-            out["object"] = o;
-        }
-        "External" => {
-            let value = m.pointer("/external/targetValue").is_some_and(|v| !v.is_null());
-            let mut e = json!({"metric": {}, "target": {"type": if value { "Value" } else { "AverageValue" }}});
-            mv(m, "/external/metricName", &mut e, "/metric/name");
-            mv(m, "/external/metricSelector", &mut e, "/metric/selector");
-            mv(m, "/external/targetValue", &mut e, "/target/value");
-            mv(m, "/external/targetAverageValue", &mut e, "/target/averageValue");
-            out["external"] = e;
-        }
-        _ => {}
-    }
-    out
+    metric_from_v1(m, Part::Spec)
 }
 
 fn metric_status_from_v1(m: &Value) -> Value {
-    let ty = m.get("type").and_then(Value::as_str).unwrap_or_default();
-    let mut out = json!({"type": ty});
-    match ty {
-        "Resource" | "ContainerResource" => {
-            let key = if ty == "Resource" { "resource" } else { "containerResource" };
-            let src = m.get(key).cloned().unwrap_or(json!({}));
-            let mut r = json!({"current": {}});
-            mv(&src, "/name", &mut r, "/name");
-            if ty == "ContainerResource" {
-                mv(&src, "/container", &mut r, "/container");
-            }
-            mv(&src, "/currentAverageUtilization", &mut r, "/current/averageUtilization");
-            mv(&src, "/currentAverageValue", &mut r, "/current/averageValue");
-            out[key] = r;
-        }
-        "Pods" => {
-            let mut p = json!({"metric": {}, "current": {}});
-            mv(m, "/pods/metricName", &mut p, "/metric/name");
-            mv(m, "/pods/selector", &mut p, "/metric/selector");
-            mv(m, "/pods/currentAverageValue", &mut p, "/current/averageValue");
-            out["pods"] = p;
-        }
-        "Object" => {
-            let mut o = json!({"metric": {}, "current": {}});
-            mv(m, "/object/target", &mut o, "/describedObject");
-            mv(m, "/object/metricName", &mut o, "/metric/name");
-            mv(m, "/object/selector", &mut o, "/metric/selector");
-            mv(m, "/object/currentValue", &mut o, "/current/value");
-            mv(m, "/object/averageValue", &mut o, "/current/averageValue");
-            out["object"] = o;
-        }
-        "External" => {
-            let mut e = json!({"metric": {}, "current": {}});
-            mv(m, "/external/metricName", &mut e, "/metric/name");
-            mv(m, "/external/metricSelector", &mut e, "/metric/selector");
-            mv(m, "/external/currentValue", &mut e, "/current/value");
-            mv(m, "/external/currentAverageValue", &mut e, "/current/averageValue");
-            out["external"] = e;
-        }
-        _ => {}
-    }
-    out
+    metric_from_v1(m, Part::Status)
 }
 
 /// Kubernetes stores the behavior annotation as its internal Go type, which has no JSON
@@ -388,6 +365,37 @@ pub fn from_v1(obj: &Value) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_metric_type_converts_both_ways_through_the_one_table() {
+        let specs = json!([
+            {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}},
+            {"type": "ContainerResource", "containerResource": {"name": "memory", "container": "app", "target": {"type": "AverageValue", "averageValue": "1Gi"}}},
+            {"type": "Pods", "pods": {"metric": {"name": "qps", "selector": {"matchLabels": {"a": "b"}}}, "target": {"type": "AverageValue", "averageValue": "10"}}},
+            {"type": "Object", "object": {"describedObject": {"kind": "Service", "name": "s"}, "metric": {"name": "rps"}, "target": {"type": "AverageValue", "averageValue": "3", "value": "2k"}}},
+            {"type": "External", "external": {"metric": {"name": "queue", "selector": {}}, "target": {"type": "AverageValue", "averageValue": "30"}}},
+        ]);
+        let statuses = json!([
+            {"type": "Resource", "resource": {"name": "cpu", "current": {"averageUtilization": 40, "averageValue": "20m"}}},
+            {"type": "ContainerResource", "containerResource": {"name": "cpu", "container": "app", "current": {"averageValue": "5m"}}},
+            {"type": "Pods", "pods": {"metric": {"name": "qps"}, "current": {"averageValue": "4"}}},
+            {"type": "Object", "object": {"describedObject": {"kind": "Service", "name": "s"}, "metric": {"name": "rps"}, "current": {"value": "1k"}}},
+            {"type": "External", "external": {"metric": {"name": "queue"}, "current": {"value": "7", "averageValue": "1"}}},
+        ]);
+        for m in specs.as_array().unwrap() {
+            assert_eq!(&metric_spec_from_v1(&metric_spec_to_v1(m)), m);
+        }
+        for m in statuses.as_array().unwrap() {
+            assert_eq!(&metric_status_from_v1(&metric_status_to_v1(m)), m);
+        }
+        // v1 requires the quantities v2 may leave out.
+        let pods = json!({"type": "Pods", "pods": {"metric": {"name": "qps"}, "target": {"type": "AverageValue"}}});
+        assert_eq!(
+            metric_spec_to_v1(&pods),
+            json!({"type": "Pods", "pods": {"metricName": "qps", "targetAverageValue": "0"}})
+        );
+        assert_eq!(metric_spec_to_v1(&json!({"type": "Unknown"})), json!({"type": "Unknown"}));
+    }
 
     fn manifest_v2() -> Value {
         json!({

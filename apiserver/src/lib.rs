@@ -28,6 +28,7 @@ pub mod openapi;
 pub mod openapi_proto;
 pub mod patch;
 pub mod protobuf;
+pub mod query;
 pub mod registry;
 pub mod requestinfo;
 pub mod resources;

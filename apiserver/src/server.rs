@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -16,17 +16,15 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::admission;
-use crate::error::{ApiError, ApiResult, FieldError};
+use crate::error::{ApiError, ApiResult};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::patch::PatchType;
-use crate::registry::generic::{
-    key_of, prefix_of, DeleteOptions, Deleted, FieldValidation, ListOptions, Registry, UpdateKind, WriteOptions,
-};
+use crate::query::{delete_options, list_options, q_bool, write_options};
+use crate::registry::generic::{key_of, prefix_of, Deleted, FieldValidation, ListOptions, Registry, UpdateKind};
 use crate::registry::pod;
 use crate::registry::scale::ScaleWrite;
 use crate::requestinfo::{self, ResourcePath, Target};
 use crate::resources::{self, ResourceDef, Sub};
-use crate::selectors::{FieldSelector, LabelSelector};
 use crate::watch::{self, Filter, WatchCaches, WatchTiming};
 
 /// Kubernetes' request body limit.
@@ -320,77 +318,6 @@ async fn review(
     let requester = crate::reviews::requester(user);
     let out = crate::reviews::review(kind, rp.namespace.as_deref(), obj, &requester, state.tokens.as_deref())?;
     Ok(json_response(StatusCode::CREATED, &out, &[]))
-}
-
-// ------------------------------------------------------------------ query parsing
-
-fn q_bool(query: &HashMap<String, String>, k: &str) -> ApiResult<Option<bool>> {
-    match query.get(k).map(String::as_str) {
-        None | Some("") => Ok(None),
-        Some("true") | Some("1") => Ok(Some(true)),
-        Some("false") | Some("0") => Ok(Some(false)),
-        Some(other) => Err(ApiError::bad_request(format!("invalid value for {k}: {other:?}"))),
-    }
-}
-
-fn q_i64(query: &HashMap<String, String>, k: &str) -> ApiResult<Option<i64>> {
-    match query.get(k).map(String::as_str) {
-        None | Some("") => Ok(None),
-        Some(v) => v
-            .parse::<i64>()
-            .map(Some)
-            .map_err(|_| ApiError::bad_request(format!("invalid value for {k}: {v:?}: must be an integer"))),
-    }
-}
-
-fn write_options(query: &HashMap<String, String>) -> ApiResult<WriteOptions> {
-    let dry_run = match query.get("dryRun").map(String::as_str) {
-        None | Some("") => false,
-        Some("All") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "meta.k8s.io",
-                "CreateOptions",
-                "",
-                vec![FieldError::not_supported("dryRun", &json!(other), &["All"])],
-            ))
-        }
-    };
-    let field_validation = match query.get("fieldValidation").map(String::as_str) {
-        None | Some("") | Some("Warn") => FieldValidation::Warn,
-        Some("Ignore") => FieldValidation::Ignore,
-        Some("Strict") => FieldValidation::Strict,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "fieldValidation parameter unsupported: {other:?}, must be one of Ignore, Warn, Strict"
-            )))
-        }
-    };
-    Ok(WriteOptions { dry_run, field_validation, managed_fields: None })
-}
-
-fn list_options(query: &HashMap<String, String>) -> ApiResult<ListOptions> {
-    let label_selector = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or_default())
-        .map_err(|e| {
-            ApiError::bad_request(format!(
-                "unable to parse requirement: {}",
-                e.0.trim_start_matches("unable to parse requirement: ")
-            ))
-        })?;
-    let field_selector = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or_default())
-        .map_err(|e| ApiError::bad_request(e.0))?;
-    let limit = match q_i64(query, "limit")? {
-        Some(n) if n > 0 => n as usize,
-        _ => 0,
-    };
-    Ok(ListOptions {
-        label_selector,
-        field_selector,
-        limit,
-        continue_token: query.get("continue").filter(|c| !c.is_empty()).cloned(),
-        resource_version: query.get("resourceVersion").cloned(),
-        resource_version_match: query.get("resourceVersionMatch").filter(|c| !c.is_empty()).cloned(),
-    })
 }
 
 /// Read a request body, refusing more than [`MAX_BODY_BYTES`].
@@ -790,47 +717,6 @@ fn patch_type(headers: &HeaderMap) -> ApiResult<PatchType> {
     }
 }
 
-fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> ApiResult<DeleteOptions> {
-    let mut opts = DeleteOptions {
-        dry_run: matches!(query.get("dryRun").map(String::as_str), Some("All")),
-        grace_period_seconds: q_i64(query, "gracePeriodSeconds")?,
-        propagation_policy: query.get("propagationPolicy").filter(|s| !s.is_empty()).cloned(),
-        orphan_dependents: q_bool(query, "orphanDependents")?,
-        ..Default::default()
-    };
-    if !body.iter().all(u8::is_ascii_whitespace) {
-        let v: Value = if body.starts_with(b"k8s\0") {
-            crate::protobuf::decode(body)
-                .map_err(|e| ApiError::bad_request(format!("the DeleteOptions body could not be decoded: {e}")))?
-        } else {
-            serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("the DeleteOptions body could not be decoded: {e}")))?
-        };
-        if let Some(g) = v.get("gracePeriodSeconds").and_then(Value::as_i64) {
-            opts.grace_period_seconds = Some(g);
-        }
-        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
-            opts.propagation_policy = Some(p.to_string());
-        }
-        if let Some(o) = v.get("orphanDependents").and_then(Value::as_bool) {
-            opts.orphan_dependents = Some(o);
-        }
-        if let Some(uid) = v.pointer("/preconditions/uid").and_then(Value::as_str) {
-            opts.precondition_uid = Some(uid.to_string());
-        }
-        if let Some(rv) = v.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
-            opts.precondition_rv = Some(rv.to_string());
-        }
-        if let Some(dr) = v.get("dryRun").and_then(Value::as_array) {
-            opts.dry_run = dr.iter().any(|x| x == "All");
-        }
-    }
-    if opts.grace_period_seconds.is_some_and(|g| g < 0) {
-        opts.grace_period_seconds = Some(0);
-    }
-    Ok(opts)
-}
-
 fn success_status(res: &ResourceDef, name: &str, uid: Value) -> Value {
     let mut details = json!({"name": name, "kind": res.plural, "uid": uid});
     if !res.group.is_empty() {
@@ -908,37 +794,9 @@ async fn serve_watch(
     mut enc: WatchEncoder,
 ) -> ApiResult<Response> {
     Registry::check_field_selector(res, &opts.field_selector)?;
-    let bookmarks = q_bool(query, "allowWatchBookmarks")?.unwrap_or(false);
-    let send_initial = q_bool(query, "sendInitialEvents")?;
+    let watch::WatchParams { bookmarks, send_initial, timeout } =
+        watch::WatchParams::parse(query, opts.resource_version_match.as_deref())?;
     let rv = opts.resource_version.clone().unwrap_or_default();
-    let rvm = opts.resource_version_match.clone();
-    let list_invalid = |f: FieldError| ApiError::invalid("meta.k8s.io", "ListOptions", "", vec![f]);
-    match (send_initial, rvm.as_deref()) {
-        (Some(_), Some("NotOlderThan")) => {}
-        (Some(_), _) => {
-            return Err(list_invalid(FieldError::forbidden(
-                "resourceVersionMatch",
-                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-            )))
-        }
-        (None, Some(_)) => {
-            return Err(list_invalid(FieldError::forbidden(
-                "resourceVersionMatch",
-                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
-            )))
-        }
-        (None, None) => {}
-    }
-    if send_initial == Some(true) && !bookmarks {
-        return Err(list_invalid(FieldError::required(
-            "allowWatchBookmarks",
-            "sendInitialEvents requires setting allowWatchBookmarks to true",
-        )));
-    }
-    let timeout = match q_i64(query, "timeoutSeconds")? {
-        Some(t) if t > 0 => Duration::from_secs(t as u64),
-        _ => Duration::from_secs(1800 + rand::random::<u64>() % 1800),
-    };
     let key_prefix = prefix_of(res, ns.as_deref());
     let cache = state.caches.get(&prefix_of(res, None)).await?;
 

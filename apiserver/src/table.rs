@@ -7,71 +7,6 @@ use serde_json::{json, Value};
 
 use crate::registry::ResourceDef;
 
-struct Col {
-    name: &'static str,
-    ty: &'static str,
-    format: &'static str,
-    priority: i64,
-    description: &'static str,
-}
-
-const fn col(name: &'static str, ty: &'static str) -> Col {
-    Col { name, ty, format: "", priority: 0, description: "" }
-}
-
-fn columns(res: &ResourceDef) -> Vec<Col> {
-    let name = Col {
-        name: "Name",
-        ty: "string",
-        format: "name",
-        priority: 0,
-        description: "Name must be unique within a namespace.",
-    };
-    let age = col("Age", "string");
-    let mut cols = vec![name];
-    match (res.group, res.plural) {
-        ("", "pods") => {
-            cols.extend([col("Ready", "string"), col("Status", "string"), col("Restarts", "string"), age]);
-            cols.push(Col { priority: 1, ..col("IP", "string") });
-            cols.push(Col { priority: 1, ..col("Node", "string") });
-        }
-        ("apps", "deployments") => {
-            cols.extend([col("Ready", "string"), col("Up-to-date", "integer"), col("Available", "integer"), age])
-        }
-        ("apps", "replicasets") | ("", "replicationcontrollers") => {
-            cols.extend([col("Desired", "integer"), col("Current", "integer"), col("Ready", "integer"), age])
-        }
-        ("apps", "statefulsets") => cols.extend([col("Ready", "string"), age]),
-        ("apps", "daemonsets") => cols.extend([
-            col("Desired", "integer"),
-            col("Current", "integer"),
-            col("Ready", "integer"),
-            col("Available", "integer"),
-            age,
-        ]),
-        ("", "services") => cols.extend([
-            col("Type", "string"),
-            col("Cluster-IP", "string"),
-            col("External-IP", "string"),
-            col("Port(s)", "string"),
-            age,
-        ]),
-        ("", "namespaces") => cols.extend([col("Status", "string"), age]),
-        ("", "nodes") => cols.extend([col("Status", "string"), col("Roles", "string"), age, col("Version", "string")]),
-        ("", "configmaps") => cols.extend([col("Data", "integer"), age]),
-        ("", "secrets") => cols.extend([col("Type", "string"), col("Data", "integer"), age]),
-        ("batch", "jobs") => cols.extend([col("Completions", "string"), age]),
-        ("", "persistentvolumeclaims") => {
-            cols.extend([col("Status", "string"), col("Volume", "string"), col("Capacity", "string"), age])
-        }
-        ("", "persistentvolumes") => {
-            cols.extend([col("Capacity", "string"), col("Status", "string"), col("Claim", "string"), age])
-        }
-        _ => cols.push(age),
-    }
-    cols
-}
-
 fn s(v: Option<&Value>) -> String {
     match v {
         Some(Value::String(s)) => s.clone(),
@@ -163,168 +98,6 @@ fn event_table() -> (Vec<Value>, fn(&Value) -> Vec<Value>) {
     (cols, cells)
 }
 
-fn cells(res: &ResourceDef, o: &Value) -> Vec<Value> {
-    let name = json!(s(o.pointer("/metadata/name")));
-    let a = json!(age(o));
-    let mut c = vec![name];
-    match (res.group, res.plural) {
-        ("", "pods") => {
-            let statuses =
-                o.pointer("/status/containerStatuses").and_then(Value::as_array).cloned().unwrap_or_default();
-            let total = o.pointer("/spec/containers").and_then(Value::as_array).map_or(0, Vec::len);
-            let ready = statuses.iter().filter(|c| c.get("ready") == Some(&json!(true))).count();
-            let restarts: i64 = statuses.iter().map(|c| i(c.get("restartCount"))).sum();
-            let mut status = s(o.pointer("/status/reason"));
-            if status.is_empty() {
-                status = s(o.pointer("/status/phase"));
-            }
-            for cs in &statuses {
-                if let Some(r) = cs.pointer("/state/waiting/reason").and_then(Value::as_str) {
-                    status = r.to_string();
-                }
-            }
-            if o.pointer("/metadata/deletionTimestamp").is_some() {
-                status = "Terminating".into();
-            }
-            let ip = s(o.pointer("/status/podIP"));
-            let node = s(o.pointer("/spec/nodeName"));
-            c.extend([
-                json!(format!("{ready}/{total}")),
-                json!(status),
-                json!(restarts.to_string()),
-                a,
-                json!(if ip.is_empty() { "<none>".to_string() } else { ip }),
-                json!(if node.is_empty() { "<none>".to_string() } else { node }),
-            ]);
-        }
-        ("apps", "deployments") => c.extend([
-            json!(format!("{}/{}", i(o.pointer("/status/readyReplicas")), i(o.pointer("/spec/replicas")))),
-            json!(i(o.pointer("/status/updatedReplicas"))),
-            json!(i(o.pointer("/status/availableReplicas"))),
-            a,
-        ]),
-        ("apps", "replicasets") | ("", "replicationcontrollers") => c.extend([
-            json!(i(o.pointer("/spec/replicas"))),
-            json!(i(o.pointer("/status/replicas"))),
-            json!(i(o.pointer("/status/readyReplicas"))),
-            a,
-        ]),
-        ("apps", "statefulsets") => c.extend([
-            json!(format!("{}/{}", i(o.pointer("/status/readyReplicas")), i(o.pointer("/spec/replicas")))),
-            a,
-        ]),
-        ("apps", "daemonsets") => c.extend([
-            json!(i(o.pointer("/status/desiredNumberScheduled"))),
-            json!(i(o.pointer("/status/currentNumberScheduled"))),
-            json!(i(o.pointer("/status/numberReady"))),
-            json!(i(o.pointer("/status/numberAvailable"))),
-            a,
-        ]),
-        ("", "services") => {
-            let ports: Vec<String> = o
-                .pointer("/spec/ports")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(|p| {
-                    let proto = s(p.get("protocol"));
-                    let proto = if proto.is_empty() { "TCP".to_string() } else { proto };
-                    match p.get("nodePort").and_then(Value::as_i64) {
-                        Some(np) => format!("{}:{np}/{proto}", i(p.get("port"))),
-                        None => format!("{}/{proto}", i(p.get("port"))),
-                    }
-                })
-                .collect();
-            let ext: Vec<String> = o
-                .pointer("/status/loadBalancer/ingress")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(|x| s(x.get("ip")))
-                .collect();
-            let ty = s(o.pointer("/spec/type"));
-            let ext = if !ext.is_empty() {
-                ext.join(",")
-            } else if ty == "LoadBalancer" {
-                "<pending>".into()
-            } else if ty == "ExternalName" {
-                s(o.pointer("/spec/externalName"))
-            } else {
-                "<none>".into()
-            };
-            let cip = s(o.pointer("/spec/clusterIP"));
-            c.extend([
-                json!(ty),
-                json!(if cip.is_empty() { "<none>".to_string() } else { cip }),
-                json!(ext),
-                json!(if ports.is_empty() { "<none>".to_string() } else { ports.join(",") }),
-                a,
-            ]);
-        }
-        ("", "namespaces") => c.extend([json!(s(o.pointer("/status/phase"))), a]),
-        ("", "nodes") => {
-            let ready = o
-                .pointer("/status/conditions")
-                .and_then(Value::as_array)
-                .and_then(|cs| cs.iter().find(|c| c.get("type") == Some(&json!("Ready"))))
-                .map(|c| if c.get("status") == Some(&json!("True")) { "Ready" } else { "NotReady" })
-                .unwrap_or("Unknown");
-            let mut status = ready.to_string();
-            if o.pointer("/spec/unschedulable") == Some(&json!(true)) {
-                status.push_str(",SchedulingDisabled");
-            }
-            let roles: Vec<String> = o
-                .pointer("/metadata/labels")
-                .and_then(Value::as_object)
-                .into_iter()
-                .flatten()
-                .filter_map(|(k, _)| k.strip_prefix("node-role.kubernetes.io/").map(String::from))
-                .collect();
-            c.extend([
-                json!(status),
-                json!(if roles.is_empty() { "<none>".to_string() } else { roles.join(",") }),
-                a,
-                json!(s(o.pointer("/status/nodeInfo/kubeletVersion"))),
-            ]);
-        }
-        ("", "configmaps") => {
-            let n = ["data", "binaryData"]
-                .iter()
-                .map(|f| o.get(*f).and_then(Value::as_object).map_or(0, |m| m.len()))
-                .sum::<usize>();
-            c.extend([json!(n), a]);
-        }
-        ("", "secrets") => {
-            let n = o.get("data").and_then(Value::as_object).map_or(0, |m| m.len());
-            c.extend([json!(s(o.get("type"))), json!(n), a]);
-        }
-        ("batch", "jobs") => c.extend([
-            json!(format!("{}/{}", i(o.pointer("/status/succeeded")), i(o.pointer("/spec/completions")).max(1))),
-            a,
-        ]),
-        ("", "persistentvolumeclaims") => c.extend([
-            json!(s(o.pointer("/status/phase"))),
-            json!(s(o.pointer("/spec/volumeName"))),
-            json!(s(o.pointer("/status/capacity/storage"))),
-            a,
-        ]),
-        ("", "persistentvolumes") => {
-            let claim = match (o.pointer("/spec/claimRef/namespace"), o.pointer("/spec/claimRef/name")) {
-                (Some(ns), Some(n)) => format!("{}/{}", s(Some(ns)), s(Some(n))),
-                _ => String::new(),
-            };
-            c.extend([
-                json!(s(o.pointer("/spec/capacity/storage"))),
-                json!(s(o.pointer("/status/phase"))),
-                json!(claim),
-                a,
-            ]);
-        }
-        _ => c.push(a),
-    }
-    c
-}
-
 /// Convert a list (`{"metadata":…, "items":[…]}`) to a meta.k8s.io/v1 Table.
 /// Columns and cells of a custom resource: Name and its additionalPrinterColumns (Age when
 /// it declares none), as the apiextensions apiserver prints them.
@@ -356,38 +129,26 @@ fn custom_table(info: &crate::registry::CustomInfo) -> (Vec<Value>, Box<dyn Fn(&
 }
 
 pub fn to_table(res: &ResourceDef, list: &Value, query: &HashMap<String, String>) -> Value {
-    let (cols, custom_cells) = match res.custom {
+    match res.custom {
         Some(info) => {
-            let (c, f) = custom_table(info);
-            (c, Some(f))
+            let (cols, cells) = custom_table(info);
+            build(cols, &cells, list, query)
         }
-        None if res.group.is_empty() && res.plural == "events" => {
-            let (c, f) = event_table();
-            (c, Some(Box::new(f) as Box<dyn Fn(&Value) -> Vec<Value>>))
+        None => {
+            let (cols, cells) = kind_table(res);
+            build(cols, &cells, list, query)
         }
-        None if kind_table(res).is_some() => match kind_table(res) {
-            Some((c, f)) => (c, Some(Box::new(f) as Box<dyn Fn(&Value) -> Vec<Value>>)),
-            None => (vec![], None),
-        },
-        None => (
-            columns(res)
-                .iter()
-                .map(|c| json!({"name": c.name, "type": c.ty, "format": c.format, "description": c.description, "priority": c.priority}))
-                .collect(),
-            None,
-        ),
-    };
-    let cell = |o: &Value| match &custom_cells {
-        Some(f) => f(o),
-        None => cells(res, o),
-    };
-    build(cols, &cell, list, query)
+    }
 }
 
 /// Column definitions from (name, type, priority), as kubectl reads them.
 fn cols(spec: &[(&str, &str, i64)]) -> Vec<Value> {
     spec.iter()
-        .map(|(n, t, p)| json!({"name": n, "type": t, "format": if *n == "Name" { "name" } else { "" }, "description": "", "priority": p}))
+        .map(|(n, t, p)| {
+            let (format, description) =
+                if *n == "Name" { ("name", "Name must be unique within a namespace.") } else { ("", "") };
+            json!({"name": n, "type": t, "format": format, "description": description, "priority": p})
+        })
         .collect()
 }
 
@@ -514,10 +275,190 @@ fn seconds_between(from: Option<&Value>, to: Option<&Value>) -> Option<i64> {
 
 type CellsFn = fn(&Value) -> Vec<Value>;
 
-/// Kinds whose columns differ from the NAME … AGE pattern of [`columns`].
-fn kind_table(res: &ResourceDef) -> Option<(Vec<Value>, CellsFn)> {
-    let name = |o: &Value| json!(s(o.pointer("/metadata/name")));
-    Some(match (res.group, res.plural) {
+/// Every built-in kind's columns and cells, as kubectl prints them; NAME and AGE for a
+/// kind without printer columns of its own.
+fn kind_table(res: &ResourceDef) -> (Vec<Value>, CellsFn) {
+    match (res.group, res.plural) {
+        ("", "events") => event_table(),
+        ("", "pods") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Ready", "string", 0),
+                ("Status", "string", 0),
+                ("Restarts", "string", 0),
+                ("Age", "string", 0),
+                ("IP", "string", 1),
+                ("Node", "string", 1),
+            ]),
+            |o| {
+                let statuses =
+                    o.pointer("/status/containerStatuses").and_then(Value::as_array).cloned().unwrap_or_default();
+                let total = o.pointer("/spec/containers").and_then(Value::as_array).map_or(0, Vec::len);
+                let ready = statuses.iter().filter(|c| c.get("ready") == Some(&json!(true))).count();
+                let restarts: i64 = statuses.iter().map(|c| i(c.get("restartCount"))).sum();
+                let mut status = s(o.pointer("/status/reason"));
+                if status.is_empty() {
+                    status = s(o.pointer("/status/phase"));
+                }
+                for cs in &statuses {
+                    if let Some(r) = cs.pointer("/state/waiting/reason").and_then(Value::as_str) {
+                        status = r.to_string();
+                    }
+                }
+                if o.pointer("/metadata/deletionTimestamp").is_some() {
+                    status = "Terminating".into();
+                }
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(format!("{ready}/{total}")),
+                    json!(status),
+                    json!(restarts.to_string()),
+                    json!(age(o)),
+                    json!(none_if_empty(s(o.pointer("/status/podIP")))),
+                    json!(none_if_empty(s(o.pointer("/spec/nodeName")))),
+                ]
+            },
+        ),
+        ("apps", "deployments") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Ready", "string", 0),
+                ("Up-to-date", "integer", 0),
+                ("Available", "integer", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(format!("{}/{}", i(o.pointer("/status/readyReplicas")), i(o.pointer("/spec/replicas")))),
+                    json!(i(o.pointer("/status/updatedReplicas"))),
+                    json!(i(o.pointer("/status/availableReplicas"))),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("apps", "replicasets") | ("", "replicationcontrollers") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Desired", "integer", 0),
+                ("Current", "integer", 0),
+                ("Ready", "integer", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(i(o.pointer("/spec/replicas"))),
+                    json!(i(o.pointer("/status/replicas"))),
+                    json!(i(o.pointer("/status/readyReplicas"))),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("apps", "statefulsets") => {
+            (cols(&[("Name", "string", 0), ("Ready", "string", 0), ("Age", "string", 0)]), |o| {
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(format!("{}/{}", i(o.pointer("/status/readyReplicas")), i(o.pointer("/spec/replicas")))),
+                    json!(age(o)),
+                ]
+            })
+        }
+        ("", "services") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Type", "string", 0),
+                ("Cluster-IP", "string", 0),
+                ("External-IP", "string", 0),
+                ("Port(s)", "string", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let ports: Vec<String> = o
+                    .pointer("/spec/ports")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|p| {
+                        let proto = s(p.get("protocol"));
+                        let proto = if proto.is_empty() { "TCP".to_string() } else { proto };
+                        match p.get("nodePort").and_then(Value::as_i64) {
+                            Some(np) => format!("{}:{np}/{proto}", i(p.get("port"))),
+                            None => format!("{}/{proto}", i(p.get("port"))),
+                        }
+                    })
+                    .collect();
+                let ext: Vec<String> = o
+                    .pointer("/status/loadBalancer/ingress")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|x| s(x.get("ip")))
+                    .collect();
+                let ty = s(o.pointer("/spec/type"));
+                let ext = if !ext.is_empty() {
+                    ext.join(",")
+                } else if ty == "LoadBalancer" {
+                    "<pending>".into()
+                } else if ty == "ExternalName" {
+                    s(o.pointer("/spec/externalName"))
+                } else {
+                    "<none>".into()
+                };
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(ty),
+                    json!(none_if_empty(s(o.pointer("/spec/clusterIP")))),
+                    json!(ext),
+                    json!(none_if_empty(ports.join(","))),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("", "namespaces") => (cols(&[("Name", "string", 0), ("Status", "string", 0), ("Age", "string", 0)]), |o| {
+            vec![json!(s(o.pointer("/metadata/name"))), json!(s(o.pointer("/status/phase"))), json!(age(o))]
+        }),
+        ("", "nodes") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Status", "string", 0),
+                ("Roles", "string", 0),
+                ("Age", "string", 0),
+                ("Version", "string", 0),
+            ]),
+            |o| {
+                let ready = o
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .and_then(|cs| cs.iter().find(|c| c.get("type") == Some(&json!("Ready"))))
+                    .map(|c| if c.get("status") == Some(&json!("True")) { "Ready" } else { "NotReady" })
+                    .unwrap_or("Unknown");
+                let mut status = ready.to_string();
+                if o.pointer("/spec/unschedulable") == Some(&json!(true)) {
+                    status.push_str(",SchedulingDisabled");
+                }
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(status),
+                    json!(apimachinery::printers::node_roles(o)),
+                    json!(age(o)),
+                    json!(s(o.pointer("/status/nodeInfo/kubeletVersion"))),
+                ]
+            },
+        ),
+        ("", "configmaps") => (cols(&[("Name", "string", 0), ("Data", "integer", 0), ("Age", "string", 0)]), |o| {
+            let n = ["data", "binaryData"]
+                .iter()
+                .map(|f| o.get(*f).and_then(Value::as_object).map_or(0, |m| m.len()))
+                .sum::<usize>();
+            vec![json!(s(o.pointer("/metadata/name"))), json!(n), json!(age(o))]
+        }),
+        ("", "secrets") => {
+            (cols(&[("Name", "string", 0), ("Type", "string", 0), ("Data", "integer", 0), ("Age", "string", 0)]), |o| {
+                let n = o.get("data").and_then(Value::as_object).map_or(0, |m| m.len());
+                vec![json!(s(o.pointer("/metadata/name"))), json!(s(o.get("type"))), json!(n), json!(age(o))]
+            })
+        }
         ("apps", "daemonsets") => (
             cols(&[
                 ("Name", "string", 0),
@@ -958,9 +899,8 @@ fn kind_table(res: &ResourceDef) -> Option<(Vec<Value>, CellsFn)> {
                 ]
             },
         ),
-        _ => {
-            let _ = name;
-            return None;
-        }
-    })
+        _ => (cols(&[("Name", "string", 0), ("Age", "string", 0)]), |o| {
+            vec![json!(s(o.pointer("/metadata/name"))), json!(age(o))]
+        }),
+    }
 }

@@ -22,7 +22,8 @@ use serde_json::{json, Value};
 use storage::{EventKind, Revision, Store, WatchItem};
 use tokio::sync::broadcast;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, FieldError};
+use crate::query::{q_bool, q_i64};
 use crate::registry::generic::decode;
 
 /// One change, decoded once and shared by every watcher.
@@ -491,9 +492,77 @@ impl Default for WatchTiming {
     }
 }
 
+/// A watch request's own options, checked as Kubernetes checks them: `sendInitialEvents`
+/// needs `resourceVersionMatch=NotOlderThan` and `allowWatchBookmarks=true`, and
+/// `resourceVersionMatch` is refused without it. Without `timeoutSeconds` a watch lasts a
+/// random 30 to 60 minutes, so clients do not reconnect all at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchParams {
+    pub bookmarks: bool,
+    pub send_initial: Option<bool>,
+    pub timeout: Duration,
+}
+
+impl WatchParams {
+    pub fn parse(query: &HashMap<String, String>, resource_version_match: Option<&str>) -> Result<Self, ApiError> {
+        let bookmarks = q_bool(query, "allowWatchBookmarks")?.unwrap_or(false);
+        let send_initial = q_bool(query, "sendInitialEvents")?;
+        let invalid = |f: FieldError| ApiError::invalid("meta.k8s.io", "ListOptions", "", vec![f]);
+        match (send_initial, resource_version_match) {
+            (Some(_), Some("NotOlderThan")) | (None, None) => {}
+            (Some(_), _) => {
+                return Err(invalid(FieldError::forbidden(
+                    "resourceVersionMatch",
+                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                )))
+            }
+            (None, Some(_)) => {
+                return Err(invalid(FieldError::forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                )))
+            }
+        }
+        if send_initial == Some(true) && !bookmarks {
+            return Err(invalid(FieldError::required(
+                "allowWatchBookmarks",
+                "sendInitialEvents requires setting allowWatchBookmarks to true",
+            )));
+        }
+        let timeout = match q_i64(query, "timeoutSeconds")? {
+            Some(t) if t > 0 => Duration::from_secs(t as u64),
+            _ => Duration::from_secs(1800 + rand::random::<u64>() % 1800),
+        };
+        Ok(WatchParams { bookmarks, send_initial, timeout })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn params(q: &[(&str, &str)], rvm: Option<&str>) -> Result<WatchParams, String> {
+        let q: HashMap<String, String> = q.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        WatchParams::parse(&q, rvm).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn watch_params_are_checked_as_kubernetes_checks_them() {
+        let p = params(&[("timeoutSeconds", "5"), ("allowWatchBookmarks", "true")], None).unwrap();
+        assert_eq!((p.bookmarks, p.send_initial, p.timeout), (true, None, Duration::from_secs(5)));
+        let p = params(&[], None).unwrap();
+        assert!(p.timeout >= Duration::from_secs(1800) && p.timeout < Duration::from_secs(3600), "{p:?}");
+        let p = params(&[("sendInitialEvents", "true"), ("allowWatchBookmarks", "true")], Some("NotOlderThan"));
+        assert_eq!(p.unwrap().send_initial, Some(true));
+        let e = params(&[("sendInitialEvents", "true")], Some("NotOlderThan")).unwrap_err();
+        assert!(e.contains("sendInitialEvents requires setting allowWatchBookmarks to true"), "{e}");
+        let e = params(&[("sendInitialEvents", "false")], Some("Exact")).unwrap_err();
+        assert!(e.contains("requires setting resourceVersionMatch to NotOlderThan"), "{e}");
+        let e = params(&[], Some("NotOlderThan")).unwrap_err();
+        assert!(e.contains("resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"), "{e}");
+        let e = params(&[("allowWatchBookmarks", "yes")], None).unwrap_err();
+        assert!(e.contains("invalid value for allowWatchBookmarks"), "{e}");
+    }
 
     fn ev(rev: Revision, obj: Value, prev: Option<Value>, deleted: bool) -> CachedEvent {
         CachedEvent {

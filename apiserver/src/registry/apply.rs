@@ -50,11 +50,7 @@ pub fn parse_config(res: &ResourceDef, name: &str, body: &[u8]) -> ApiResult<Val
         )));
     }
     let body_name = config.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(name);
-    if body_name != name {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({body_name}) does not match the name on the URL ({name})"
-        )));
-    }
+    super::name_matches_url(body_name, name)?;
     Ok(config)
 }
 

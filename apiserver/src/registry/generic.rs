@@ -377,12 +377,10 @@ impl Registry {
         };
         fill_type_meta(map, res.kind, &res.api_version())?;
         if let Some(ns) = url_ns.filter(|_| res.namespaced) {
-            let body_ns = super::at(&body, "/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
-            if !body_ns.is_empty() && body_ns != ns {
-                return Err(ApiError::bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request",
-                ));
-            }
+            super::namespace_matches_url(
+                super::at(&body, "/metadata/namespace").and_then(Value::as_str).unwrap_or_default(),
+                ns,
+            )?;
         }
         let input = body.clone();
         let normalized = (res.normalize)(res, body).map_err(|e| {
@@ -764,12 +762,7 @@ impl Registry {
         opts: &WriteOptions,
     ) -> ApiResult<(Outcome, bool)> {
         let (obj, warnings) = self.decode_body(res, Some(ns), body, opts.field_validation)?;
-        let body_name = meta_str(&obj, "name");
-        if body_name != name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({body_name}) does not match the name on the URL ({name})"
-            )));
-        }
+        super::name_matches_url(meta_str(&obj, "name"), name)?;
         let precondition = match meta_str(&obj, "resourceVersion") {
             "" => None,
             rv => Some(parse_rv(rv).map_err(|_| {
@@ -1040,12 +1033,7 @@ impl Registry {
                     }
                     None => obj,
                 };
-                if meta_str(&obj, "name") != name {
-                    return Err(ApiError::bad_request(format!(
-                        "the name of the object ({}) does not match the name on the URL ({name})",
-                        meta_str(&obj, "name")
-                    )));
-                }
+                super::name_matches_url(meta_str(&obj, "name"), name)?;
                 Ok(Some(Intent { object: obj, precondition }))
             })
             .await?;

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 use storage::{KeyValue, Op};
 
-use crate::error::{ApiResult, FieldError};
+use crate::error::{ApiError, ApiResult, FieldError};
 use crate::ipalloc::{IpRange, PortRange};
 use crate::validation::NameRule;
 
@@ -251,6 +251,26 @@ pub struct ScaleInfo {
 }
 
 // ----------------------------------------------------------------- small JSON helpers
+
+/// The one check of an object's name in a body against the name in the URL (update,
+/// patch, apply, scale): Kubernetes answers 400 with this message.
+pub fn name_matches_url(body_name: &str, url_name: &str) -> ApiResult<()> {
+    if body_name == url_name {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(format!(
+        "the name of the object ({body_name}) does not match the name on the URL ({url_name})"
+    )))
+}
+
+/// The one check of an object's namespace in a body against the namespace in the URL; an
+/// object without one takes the URL's.
+pub fn namespace_matches_url(body_ns: &str, url_ns: &str) -> ApiResult<()> {
+    if body_ns.is_empty() || body_ns == url_ns {
+        return Ok(());
+    }
+    Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"))
+}
 
 pub fn str_at<'a>(obj: &'a Value, pointer: &str) -> Option<&'a str> {
     at(obj, pointer).and_then(Value::as_str)

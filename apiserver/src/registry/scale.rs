@@ -76,11 +76,7 @@ pub fn check_scale(desired: &Value, current: &Value, name: &str) -> ApiResult<(i
         )));
     }
     let body_name = desired.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(name);
-    if body_name != name {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({body_name}) does not match the name on the URL ({name})"
-        )));
-    }
+    super::name_matches_url(body_name, name)?;
     let replicas = match desired.pointer("/spec/replicas") {
         None | Some(Value::Null) => 0,
         Some(v) => v.as_i64().ok_or_else(|| ApiError::bad_request("Scale.spec.replicas must be an integer"))?,

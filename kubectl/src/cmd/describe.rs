@@ -540,14 +540,7 @@ pub fn describe_namespace(o: &Value) -> String {
 pub fn describe_node(o: &Value) -> String {
     let mut out = String::new();
     meta_header(&mut out, o, false);
-    let roles: Vec<String> = o
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, _)| k.strip_prefix("node-role.kubernetes.io/").map(String::from))
-        .collect();
-    out.push_str(&format!("Roles:\t{}\n", if roles.is_empty() { "<none>".into() } else { roles.join(",") }));
+    out.push_str(&format!("Roles:\t{}\n", apimachinery::printers::node_roles(o)));
     map_lines(&mut out, "", "Labels", o.pointer("/metadata/labels"), "=");
     map_lines(&mut out, "", "Annotations", o.pointer("/metadata/annotations"), ": ");
     out.push_str(&format!("CreationTimestamp:\t{}\n", when(o, "/metadata/creationTimestamp")));

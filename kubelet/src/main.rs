@@ -6,6 +6,7 @@ mod backoff;
 mod cgroups;
 mod cidr;
 mod dns;
+mod envvars;
 mod events;
 mod kubelet;
 mod labels;

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use apimachinery::quantity;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, EphemeralContainer, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, EphemeralContainer, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::labels::{self, Kind, PodRef};
@@ -23,6 +23,9 @@ pub struct ConfigError(pub String);
 pub struct Lookups {
     pub config_maps: HashMap<String, Option<ConfigMap>>,
     pub secrets: HashMap<String, Option<Secret>>,
+    /// The Services of the pod's namespace and the `kubernetes` Service of `default`
+    /// ([`crate::envvars`]).
+    pub services: Vec<Service>,
 }
 
 impl Lookups {
@@ -133,8 +136,8 @@ fn quantity_value(container: &Container, resource: &str, divisor: Option<&Quanti
     format!("{}", (v / d).ceil() as i64)
 }
 
-/// The container's environment as `NAME=value`, in Kubernetes' order: envFrom first, then
-/// env (later wins), with `$(VAR)` references expanded.
+/// The container's environment as `NAME=value`, in Kubernetes' order: the Services'
+/// variables, then envFrom, then env (later wins), with `$(VAR)` references expanded.
 pub fn environment(
     pod: &Pod,
     c: &Container,
@@ -151,6 +154,10 @@ pub fn environment(
             env.push((k, v));
         }
     };
+    let service_links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
+    for (k, v) in crate::envvars::from_services(&crate::envvars::visible(&l.services, &ns, service_links)) {
+        set(&mut env, k, v);
+    }
     for ef in c.env_from.iter().flatten() {
         let prefix = ef.prefix.clone().unwrap_or_default();
         if let Some(r) = &ef.config_map_ref {
@@ -446,6 +453,33 @@ mod tests {
         Lookups {
             config_maps: HashMap::from([("cm".to_string(), Some(cm))]),
             secrets: HashMap::from([("sec".to_string(), Some(s))]),
+            services: vec![serde_json::from_value(json!({
+                "metadata": {"name": "kubernetes", "namespace": "default"},
+                "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443, "protocol": "TCP"}]},
+            }))
+            .unwrap()],
+        }
+    }
+
+    #[test]
+    fn services_come_first_and_the_container_s_own_variables_win() {
+        let mut p = sample();
+        let c = &mut p.spec.as_mut().unwrap().containers[0];
+        c.env
+            .get_or_insert_with(Vec::new)
+            .push(serde_json::from_value(json!({"name": "KUBERNETES_SERVICE_PORT", "value": "1"})).unwrap());
+        c.env
+            .get_or_insert_with(Vec::new)
+            .push(serde_json::from_value(json!({"name": "API", "value": "$(KUBERNETES_SERVICE_HOST)"})).unwrap());
+        let c = p.spec.as_ref().unwrap().containers[0].clone();
+        let env = environment(&p, &c, "", "", &lookups()).unwrap();
+        for want in [
+            "KUBERNETES_SERVICE_HOST=10.96.0.1",
+            "KUBERNETES_SERVICE_PORT=1",
+            "API=10.96.0.1",
+            "KUBERNETES_PORT=tcp://10.96.0.1:443",
+        ] {
+            assert!(env.contains(&want.to_string()), "{want} missing from {env:?}");
         }
     }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, PodStatus, Secret,
+    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, PodStatus, Secret, Service,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
@@ -299,6 +299,16 @@ async fn fetch_lookups(k: &Kubelet, pod: &Pod) -> Result<Lookups> {
     for n in secrets {
         let v = s_api.get_opt(&n).await.with_context(|| format!("getting secret {ns}/{n}"))?;
         l.secrets.insert(n, v);
+    }
+    // The Services' environment variables (envvars.rs): the namespace's, with service links
+    // on, and the apiserver's `kubernetes` Service in `default`.
+    if pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true) {
+        let list = Api::<Service>::namespaced(k.client.clone(), &ns).list(&Default::default()).await;
+        l.services.extend(list.with_context(|| format!("listing the services of {ns}"))?.items);
+    }
+    if ns != "default" || l.services.is_empty() {
+        let api = Api::<Service>::namespaced(k.client.clone(), "default");
+        l.services.extend(api.get_opt("kubernetes").await.context("getting service default/kubernetes")?);
     }
     Ok(l)
 }

@@ -458,11 +458,27 @@ async fn volumes_env_and_security_context() -> Result<()> {
     secrets
         .create(&pp, &serde_json::from_value(json!({"metadata": {"name": "s1"}, "data": {"pw": "c2VjcmV0"}}))?)
         .await?;
+    // Services created before the pod are in its environment, the apiserver's own always.
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), "default");
+    let web = services
+        .create(
+            &pp,
+            &serde_json::from_value(
+                json!({"metadata": {"name": "web-api"}, "spec": {"ports": [{"name": "http", "port": 8080}]}}),
+            )?,
+        )
+        .await?;
+    let web_ip = web.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
+    let master = services.get("kubernetes").await?.spec.unwrap_or_default();
+    let master_port = master.ports.unwrap_or_default().first().map(|p| p.port).unwrap_or_default();
+    let want_svc =
+        format!("SVC={}:{master_port}-{web_ip}:8080-tcp://{web_ip}:8080", master.cluster_ip.unwrap_or_default());
     let host_dir = tempfile::tempdir()?;
     std::fs::write(host_dir.path().join("marker"), "from-the-host")?;
 
     let script = "cat /cfg/greeting; echo; cat /sec/pw; echo; cat /info/name; echo; \
                   echo ENV=$GREETING-$PW-$POD_NAME-$CM_greeting; echo UID=$(id -u); echo PWD=$(pwd); \
+                  echo SVC=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT-$WEB_API_SERVICE_HOST:$WEB_API_SERVICE_PORT_HTTP-$WEB_API_PORT; \
                   cat /host/marker; echo; echo x > /scratch/f && echo EMPTYDIR-OK; sleep 600";
     let mut c = busybox("c", script);
     c["workingDir"] = json!("/tmp");
@@ -492,7 +508,8 @@ async fn volumes_env_and_security_context() -> Result<()> {
     let api: Api<Pod> = Api::namespaced(client.clone(), "default");
     api.create(&pp, &pod_json("vols", &env.kubelet.node, spec)?).await?;
     wait_pod(&env, "vols", 60, "Running", running_ready).await?;
-    let want = ["hello", "secret", "vols", "ENV=hello-secret-vols-hello", "UID=1000", "PWD=/tmp", "from-the-host"];
+    let want =
+        ["hello", "secret", "vols", "ENV=hello-secret-vols-hello", "UID=1000", "PWD=/tmp", "from-the-host", &want_svc];
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (_, body) = env.kubelet.get("/containerLogs/default/vols/c")?;

@@ -6,8 +6,13 @@
 //!   (absent, not `""`: that asks for no class) gets the default StorageClass — the one
 //!   annotated `storageclass.kubernetes.io/is-default-class: "true"`, the newest (then the
 //!   first by name) when several are.
+//! - ServiceAccount (with a token issuer configured): a pod runs as a service account that
+//!   exists (`default` when it names none) and, unless `automountServiceAccountToken` is false
+//!   on the pod or else on the account, gets the projected `kube-api-access-<suffix>` volume
+//!   (a bound token, the cluster CA from the `kube-root-ca.crt` ConfigMap, its namespace)
+//!   mounted read-only at `/var/run/secrets/kubernetes.io/serviceaccount` in every container.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 pub const ANN_DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
 
@@ -43,6 +48,73 @@ pub fn admit_claim(claim: &mut Value, default: Option<&str>) {
         if let Some(spec) = claim.get_mut("spec").and_then(Value::as_object_mut) {
             spec.insert("storageClassName".into(), Value::String(d.to_string()));
         }
+    }
+}
+
+/// Where in-cluster clients look for the token, CA and namespace.
+pub const SERVICE_ACCOUNT_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The lifetime the token volume asks for (Kubernetes' 1 h + 7 s, which marks tokens the
+/// kubelet refreshes).
+pub const TOKEN_VOLUME_EXPIRATION_SECONDS: i64 = 3607;
+
+/// The service account a pod runs as (`default` when it names none).
+pub fn service_account_name(pod: &Value) -> String {
+    ["/spec/serviceAccountName", "/spec/serviceAccount"]
+        .iter()
+        .find_map(|p| pod.pointer(p).and_then(Value::as_str).filter(|s| !s.is_empty()))
+        .unwrap_or("default")
+        .to_string()
+}
+
+/// Mirror pods (static pods' API copies) are left alone.
+pub fn is_mirror_pod(pod: &Value) -> bool {
+    pod.pointer("/metadata/annotations/kubernetes.io~1config.mirror").is_some()
+}
+
+/// Name the service account on the pod and mount its token, as the ServiceAccount
+/// admission plugin does; `suffix` names the volume (`kube-api-access-<suffix>`).
+pub fn mount_service_account_token(pod: &mut Value, account: &Value, suffix: &str) {
+    let name = service_account_name(pod);
+    pod["spec"]["serviceAccountName"] = json!(name);
+    let automount = pod
+        .pointer("/spec/automountServiceAccountToken")
+        .and_then(Value::as_bool)
+        .or_else(|| account.get("automountServiceAccountToken").and_then(Value::as_bool))
+        .unwrap_or(true);
+    if !automount {
+        return;
+    }
+    let mounted = |c: &Value| {
+        c.get("volumeMounts")
+            .and_then(Value::as_array)
+            .is_some_and(|ms| ms.iter().any(|m| m["mountPath"] == SERVICE_ACCOUNT_MOUNT_PATH))
+    };
+    let volume = format!("kube-api-access-{suffix}");
+    let mut added = false;
+    for list in ["initContainers", "containers"] {
+        for c in pod["spec"].get_mut(list).and_then(Value::as_array_mut).into_iter().flatten() {
+            if mounted(c) {
+                continue;
+            }
+            let mount = json!({"name": volume, "mountPath": SERVICE_ACCOUNT_MOUNT_PATH, "readOnly": true});
+            match c.get_mut("volumeMounts").and_then(Value::as_array_mut) {
+                Some(ms) => ms.push(mount),
+                None => c["volumeMounts"] = json!([mount]),
+            }
+            added = true;
+        }
+    }
+    if !added {
+        return;
+    }
+    let v = json!({"name": volume, "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"expirationSeconds": TOKEN_VOLUME_EXPIRATION_SECONDS, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+    ]}});
+    match pod["spec"].get_mut("volumes").and_then(Value::as_array_mut) {
+        Some(vs) => vs.push(v),
+        None => pod["spec"]["volumes"] = json!([v]),
     }
 }
 
@@ -82,5 +154,38 @@ mod tests {
         let mut no_default = json!({"spec": {}});
         admit_claim(&mut no_default, None);
         assert!(no_default["spec"].get("storageClassName").is_none());
+    }
+
+    #[test]
+    fn pods_get_their_service_account_s_token_volume() {
+        let mut pod = json!({"metadata": {"name": "p"}, "spec": {
+            "initContainers": [{"name": "i"}],
+            "containers": [{"name": "a", "volumeMounts": [{"name": "x", "mountPath": "/x"}]},
+                           {"name": "b", "volumeMounts": [{"name": "mine", "mountPath": SERVICE_ACCOUNT_MOUNT_PATH}]}]}});
+        mount_service_account_token(&mut pod, &json!({}), "abcde");
+        assert_eq!(pod["spec"]["serviceAccountName"], "default");
+        assert_eq!(pod["spec"]["volumes"][0]["name"], "kube-api-access-abcde");
+        let sources = &pod["spec"]["volumes"][0]["projected"]["sources"];
+        assert_eq!(sources[0]["serviceAccountToken"]["expirationSeconds"], 3607);
+        assert_eq!(sources[1]["configMap"]["name"], "kube-root-ca.crt");
+        assert_eq!(pod["spec"]["initContainers"][0]["volumeMounts"][0]["name"], "kube-api-access-abcde");
+        assert_eq!(pod["spec"]["containers"][0]["volumeMounts"][1]["readOnly"], true);
+        assert_eq!(pod["spec"]["containers"][1]["volumeMounts"].as_array().unwrap().len(), 1, "its own mount stays");
+    }
+
+    #[test]
+    fn automount_false_on_the_pod_wins_over_the_account() {
+        let account_off = json!({"automountServiceAccountToken": false});
+        let mut pod = json!({"spec": {"serviceAccountName": "ci", "containers": [{"name": "a"}]}});
+        mount_service_account_token(&mut pod, &account_off, "x");
+        assert!(pod["spec"].get("volumes").is_none(), "the account opts out");
+        let mut pod = json!({"spec": {"automountServiceAccountToken": true, "containers": [{"name": "a"}]}});
+        mount_service_account_token(&mut pod, &account_off, "x");
+        assert_eq!(pod["spec"]["volumes"].as_array().unwrap().len(), 1, "the pod opts back in");
+        let mut pod = json!({"spec": {"automountServiceAccountToken": false, "containers": [{"name": "a"}]}});
+        mount_service_account_token(&mut pod, &json!({}), "x");
+        assert!(pod["spec"].get("volumes").is_none());
+        assert_eq!(service_account_name(&json!({"spec": {"serviceAccount": "old"}})), "old");
+        assert!(is_mirror_pod(&json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}})));
     }
 }

@@ -96,6 +96,7 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
                 Sub::Scale => ("Scale", vec!["get", "patch", "update"], Some(("autoscaling", "v1"))),
                 Sub::Binding => ("Binding", vec!["create"], None),
                 Sub::Eviction => ("Eviction", vec!["create"], Some(("policy", "v1"))),
+                Sub::Token => ("TokenRequest", vec!["create"], Some(("authentication.k8s.io", "v1"))),
                 Sub::Finalize => (r.kind, vec!["update"], None),
                 Sub::EphemeralContainers => (r.kind, vec!["get", "patch", "update"], None),
                 Sub::NotYetServed("log", _) => ("Pod", vec!["get"], None),

@@ -37,6 +37,7 @@ pub mod reviews;
 pub mod selectors;
 pub mod serve;
 pub mod server;
+pub mod serviceaccount;
 pub mod table;
 pub mod validation;
 pub mod views;
@@ -60,6 +61,8 @@ pub struct Options {
     /// `--token-auth-file`'s users, for TokenReview (the server's authentication layer
     /// holds the same authenticator).
     pub tokens: Option<Arc<authn::TokenAuthenticator>>,
+    /// The ServiceAccount token issuer (`--service-account-signing-key-file` …), if any.
+    pub service_account_issuer: Option<Arc<serviceaccount::Issuer>>,
 }
 
 impl Default for Options {
@@ -74,6 +77,7 @@ impl Default for Options {
             port: 6443,
             watch_bookmark_interval: watch::WatchTiming::default().bookmark_interval,
             tokens: None,
+            service_account_issuer: None,
         }
     }
 }
@@ -95,6 +99,7 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         server_address: opts.advertise_address.clone(),
         timing: watch::WatchTiming { bookmark_interval: opts.watch_bookmark_interval },
         tokens: opts.tokens.clone(),
+        service_account_issuer: opts.service_account_issuer.clone(),
     }))
 }
 

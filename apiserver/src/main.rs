@@ -57,6 +57,26 @@ struct Args {
     /// Address of the `--insecure-port` listener.
     #[arg(long, default_value = "127.0.0.1")]
     insecure_bind_address: String,
+    /// Private key (PKCS#8 PEM, ECDSA P-256) that signs ServiceAccount tokens; without it the
+    /// TokenRequest API answers 404 and pods get no token volume.
+    #[arg(long)]
+    service_account_signing_key_file: Option<PathBuf>,
+    /// Further keys (PEM) that verify ServiceAccount tokens, e.g. the public half of a
+    /// previous signing key; repeatable.
+    #[arg(long)]
+    service_account_key_file: Vec<PathBuf>,
+    /// The issuer (`iss`) of ServiceAccount tokens; repeatable: the first issues, all verify.
+    #[arg(long, default_value = "https://kubernetes.default.svc.cluster.local")]
+    service_account_issuer: Vec<String>,
+    /// The JWKS URI the OIDC discovery document names (default: the issuer's /openid/v1/jwks).
+    #[arg(long)]
+    service_account_jwks_uri: Option<String>,
+    /// The longest lifetime of a requested token (Go duration; 0: no maximum).
+    #[arg(long, default_value = "0")]
+    service_account_max_token_expiration: String,
+    /// Audiences this apiserver accepts in tokens (comma-separated; default: the issuer).
+    #[arg(long, value_delimiter = ',')]
+    api_audiences: Vec<String>,
     /// How often a watch with allowWatchBookmarks gets a BOOKMARK (Go duration). Internal,
     /// for tests: kube-apiserver has no such flag and bookmarks about once a minute.
     #[arg(long, default_value = "1m", hide = true)]
@@ -64,6 +84,34 @@ struct Args {
     /// Log level or tracing filter (error, warn, info, debug, trace, or e.g. "apiserver=debug").
     #[arg(short = 'v', long = "log-level", default_value = "info")]
     log_level: String,
+}
+
+/// The ServiceAccount token issuer of the `--service-account-*` flags, if a signing key is set.
+fn service_account_issuer(args: &Args) -> anyhow::Result<Option<std::sync::Arc<apiserver::serviceaccount::Issuer>>> {
+    let Some(signing) = &args.service_account_signing_key_file else {
+        if !args.service_account_key_file.is_empty() {
+            anyhow::bail!("--service-account-key-file needs --service-account-signing-key-file");
+        }
+        return Ok(None);
+    };
+    let keys = apiserver::serviceaccount::keys::Keys::load(signing, &args.service_account_key_file)?;
+    let max = apiserver::parse_go_duration(&args.service_account_max_token_expiration)
+        .map_err(|e| anyhow::anyhow!("invalid --service-account-max-token-expiration: {e}"))?;
+    if !max.is_zero() && max.as_secs() < 3600 {
+        anyhow::bail!("--service-account-max-token-expiration must be at least 1h");
+    }
+    let issuers: Vec<String> = args.service_account_issuer.iter().filter(|i| !i.is_empty()).cloned().collect();
+    anyhow::ensure!(!issuers.is_empty(), "--service-account-issuer must not be empty");
+    let audiences = args.api_audiences.iter().filter(|a| !a.is_empty()).cloned().collect();
+    let max = (!max.is_zero()).then(|| max.as_secs() as i64);
+    tracing::info!(?keys, issuer = issuers[0], "ServiceAccount token issuance enabled");
+    Ok(Some(std::sync::Arc::new(apiserver::serviceaccount::Issuer::new(
+        keys,
+        issuers,
+        audiences,
+        max,
+        args.service_account_jwks_uri.clone(),
+    ))))
 }
 
 #[tokio::main]
@@ -121,6 +169,7 @@ async fn main() -> anyhow::Result<()> {
         watch_bookmark_interval,
         watch_cache_size: args.default_watch_cache_size,
         tokens: authn.clone(),
+        service_account_issuer: service_account_issuer(&args)?,
     };
     let state = apiserver::build_state(store, &opts)?;
     let _crds = apiserver::crds::spawn(state.registry.clone());

@@ -128,7 +128,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         &["sa"],
         NONE,
         true,
-        &[],
+        &[Sub::Token],
         &kinds::SERVICEACCOUNT,
         k::core::v1::ServiceAccount
     ),

@@ -40,6 +40,8 @@ pub struct AppState {
     pub timing: WatchTiming,
     /// The token file's users (TokenReview), if authentication is on.
     pub tokens: Option<Arc<crate::authn::TokenAuthenticator>>,
+    /// The ServiceAccount token issuer, if one is configured.
+    pub service_account_issuer: Option<Arc<crate::serviceaccount::Issuer>>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -49,6 +51,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(healthz))
         .route("/version", get(version))
         .route("/metrics", get(metrics))
+        .route("/.well-known/openid-configuration", get(openid_configuration))
+        .route("/openid/v1/jwks", get(openid_jwks))
         .route("/openapi/v2", get(openapi_v2))
         .route("/openapi/v3", get(openapi_v3_root))
         .route("/openapi/v3/{*gv}", get(openapi_v3))
@@ -67,6 +71,24 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
 
 async fn livez() -> &'static str {
     "ok"
+}
+
+/// OIDC discovery of the ServiceAccount token issuer (404 without one).
+async fn openid_configuration(State(state): State<Arc<AppState>>) -> Response {
+    match &state.service_account_issuer {
+        Some(i) => json_response(StatusCode::OK, &crate::serviceaccount::discovery(i), &[]),
+        None => ApiError::not_found_message("the server could not find the requested resource").into_response(),
+    }
+}
+
+async fn openid_jwks(State(state): State<Arc<AppState>>) -> Response {
+    match &state.service_account_issuer {
+        Some(i) => {
+            let body = serde_json::to_vec(&i.keys.jwks()).unwrap_or_default();
+            ([(header::CONTENT_TYPE, "application/jwk-set+json")], body).into_response()
+        }
+        None => ApiError::not_found_message("the server could not find the requested resource").into_response(),
+    }
 }
 
 async fn version() -> Response {
@@ -468,6 +490,29 @@ impl Codec {
     }
 }
 
+/// The service account a new pod runs as, as the ServiceAccount admission plugin reads it:
+/// `default` may be a moment behind its namespace (the controller-manager creates it), so it
+/// is looked for ten times over about 1.5 s; a missing one refuses the pod (403).
+async fn service_account(reg: &Registry, ns: &str, name: &str, pod: &str) -> ApiResult<Value> {
+    let res = core_resource("serviceaccounts")?;
+    let attempts = if name == "default" { 10 } else { 1 };
+    for attempt in 0..attempts {
+        if attempt > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(100 + rand::random::<u64>() % 100)).await;
+        }
+        match reg.get(res, ns, name).await {
+            Ok(sa) => return Ok(sa),
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::new(
+        403,
+        "Forbidden",
+        format!("pods \"{pod}\" is forbidden: error looking up service account {ns}/{name}: serviceaccount \"{name}\" not found"),
+    ))
+}
+
 /// The default StorageClass's name (DefaultStorageClass admission of a new claim).
 async fn default_storage_class(reg: &crate::registry::generic::Registry) -> ApiResult<Option<String>> {
     let Some(classes) = resources::find("storage.k8s.io", "v1", "storageclasses") else { return Ok(None) };
@@ -562,6 +607,16 @@ async fn resource_request(
                 codec.incoming(reg, rp.namespace.as_deref(), decode_object(headers, &bytes)?, opts.field_validation)?;
             if res.group.is_empty() && res.plural == "persistentvolumeclaims" && admission::wants_default_class(&obj) {
                 admission::admit_claim(&mut obj, default_storage_class(reg).await?.as_deref());
+            }
+            if res.group.is_empty()
+                && res.plural == "pods"
+                && state.service_account_issuer.is_some()
+                && !admission::is_mirror_pod(&obj)
+                && !opts.dry_run
+            {
+                let pod = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+                let account = service_account(reg, &ns, &admission::service_account_name(&obj), &pod).await?;
+                admission::mount_service_account_token(&mut obj, &account, &apimachinery::names::random_suffix());
             }
             let mut out = reg.create(res, &ns, obj, &opts).await?;
             out.warnings.splice(0..0, w);
@@ -671,6 +726,32 @@ async fn resource_request(
                 &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
                 &[],
             ))
+        }
+        // ---- serviceaccounts/token
+        ("create", Some(Sub::Token)) => {
+            let Some(issuer) = &state.service_account_issuer else {
+                return Err(ApiError::not_found_message("the server could not find the requested resource"));
+            };
+            let bytes = read_body(headers, body).await?;
+            let request = decode_object(headers, &bytes)?;
+            let account = reg.get(res, &ns, &name).await?;
+            let bound = match request.pointer("/spec/boundObjectRef/kind").and_then(Value::as_str) {
+                Some(kind @ ("Pod" | "Secret" | "Node")) => {
+                    let bound_res = core_resource(&format!("{}s", kind.to_lowercase()))?;
+                    let bound_ns = if bound_res.namespaced { ns.as_str() } else { "" };
+                    let bound_name =
+                        request.pointer("/spec/boundObjectRef/name").and_then(Value::as_str).unwrap_or_default();
+                    match reg.get(bound_res, bound_ns, bound_name).await {
+                        Ok(obj) => Some(obj),
+                        Err(e) if e.code == 404 => None,
+                        Err(e) => return Err(e),
+                    }
+                }
+                _ => None,
+            };
+            let now = jiff::Timestamp::now().as_second();
+            let out = crate::serviceaccount::token_request(issuer, &account, &request, bound.as_ref(), now)?;
+            Ok(json_response(StatusCode::CREATED, &out, &[]))
         }
         // ---- pods/eviction
         ("create", Some(Sub::Eviction)) => {

@@ -40,7 +40,7 @@ fn since(ts: Option<&Value>) -> String {
 }
 
 /// Event columns (printers.go `eventColumnDefinitions`): no leading Name; Name is a wide column.
-fn event_table() -> (Vec<Value>, fn(&Value) -> Vec<Value>) {
+fn event_table() -> (Vec<Value>, CellsFn) {
     let c = |name: &str, priority: i64, format: &str| json!({"name": name, "type": "string", "format": format, "description": "", "priority": priority});
     let cols = vec![
         c("Last Seen", 0, ""),

@@ -20,9 +20,11 @@ mod metrics;
 mod namespace;
 mod nodeipam;
 mod nodelifecycle;
+mod pernamespace;
 mod podautoscaler;
 mod podgc;
 mod replicaset;
+mod rootcacertpublisher;
 mod runner;
 mod serviceaccount;
 mod statefulset;
@@ -63,6 +65,7 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("job", true),
     ("cronjob", true),
     ("serviceaccount", true),
+    ("root-ca-cert-publisher", true),
     ("disruption", true),
     ("horizontalpodautoscaling", true),
     ("persistentvolume-binder", true),
@@ -123,6 +126,10 @@ struct Args {
     volumes: volume::VolumeArgs,
     #[command(flatten)]
     podgc: podgc::PodGcArgs,
+    /// The CA bundle that verifies the apiserver, published in every namespace as the
+    /// `kube-root-ca.crt` ConfigMap (empty without it: a plain-HTTP cluster).
+    #[arg(long)]
+    root_ca_file: Option<PathBuf>,
     /// CIDR range for pods in the cluster (node IPAM).
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,
@@ -286,6 +293,14 @@ async fn main() -> anyhow::Result<()> {
             }
             "serviceaccount" => {
                 tasks.spawn(serviceaccount::run(client.clone()));
+            }
+            "root-ca-cert-publisher" => {
+                let ca = match &args.root_ca_file {
+                    Some(path) => std::fs::read_to_string(path)
+                        .map_err(|e| anyhow::anyhow!("cannot read --root-ca-file {}: {e}", path.display()))?,
+                    None => String::new(),
+                };
+                tasks.spawn(rootcacertpublisher::run(client.clone(), ca));
             }
             "disruption" => {
                 tasks.spawn(disruption::run(client.clone(), pods.clone()));

@@ -6,14 +6,10 @@
 //! [`missing`] is the decision (pure); [`reconcile`] creates what it names.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::controller::Action;
 
 use crate::Error;
 
@@ -23,9 +19,7 @@ pub const DEFAULT_SERVICE_ACCOUNTS: &[&str] = &["default"];
 /// The service accounts to create in `ns`, given the names it already has. None while it
 /// is being deleted: new objects would be refused, and would hold up the deletion.
 pub fn missing<'a>(ns: &Namespace, existing: &[String], wanted: &[&'a str]) -> Vec<&'a str> {
-    let terminating = ns.metadata.deletion_timestamp.is_some()
-        || ns.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating");
-    if terminating {
+    if crate::pernamespace::is_terminating(ns) {
         return Vec::new();
     }
     wanted.iter().copied().filter(|w| !existing.iter().any(|e| e == w)).collect()
@@ -59,40 +53,18 @@ async fn reconcile(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// Run until the watch streams end.
+/// Run until the watch streams end. A deleted default service account brings its
+/// namespace back for a check.
 pub async fn run(client: kube::Client) {
     let ctx = Arc::new(Ctx { client: client.clone() });
-    // A deleted default service account brings its namespace back for a check.
-    let accounts = watcher::Config::default().fields("metadata.name=default");
-    Controller::new(Api::<Namespace>::all(client.clone()), watcher::Config::default())
-        .watches(Api::<ServiceAccount>::all(client), accounts, |sa| {
-            sa.metadata.namespace.as_deref().map(ObjectRef::<Namespace>::new)
-        })
-        .run(
-            reconcile,
-            |_n, e, _| {
-                tracing::warn!(error = %e, "service account sync failed");
-                Action::requeue(Duration::from_secs(2))
-            },
-            ctx,
-        )
-        .for_each(|_| async {})
-        .await;
+    crate::pernamespace::run::<ServiceAccount, _, _, _>(client, "default", reconcile, ctx, "service account").await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::NamespaceStatus;
+    use crate::testutil::namespace_in_phase as ns;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-    fn ns(phase: &str) -> Namespace {
-        Namespace {
-            metadata: ObjectMeta { name: Some("team".into()), ..Default::default() },
-            status: Some(NamespaceStatus { phase: Some(phase.into()), ..Default::default() }),
-            ..Default::default()
-        }
-    }
 
     #[test]
     fn an_active_namespace_gets_what_it_lacks() {

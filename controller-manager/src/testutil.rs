@@ -87,3 +87,12 @@ pub fn make_running(p: &mut Pod, node: &str, ready: bool, since: i64) {
         ..Default::default()
     }]);
 }
+
+/// A Namespace `team` in `phase` (`Active`, `Terminating`).
+pub fn namespace_in_phase(phase: &str) -> k8s_openapi::api::core::v1::Namespace {
+    k8s_openapi::api::core::v1::Namespace {
+        metadata: kube::api::ObjectMeta { name: Some("team".into()), ..Default::default() },
+        status: Some(k8s_openapi::api::core::v1::NamespaceStatus { phase: Some(phase.into()), ..Default::default() }),
+        ..Default::default()
+    }
+}

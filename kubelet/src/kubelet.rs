@@ -51,6 +51,8 @@ pub struct Kubelet {
     pub dns: crate::dns::Settings,
     /// The running containers' CPU and memory samples (`/stats/summary`).
     pub stats: Arc<crate::stats::Cache>,
+    /// ServiceAccount tokens of the pods' projected volumes.
+    pub tokens: crate::tokens::Manager,
 }
 
 impl Kubelet {
@@ -85,6 +87,7 @@ impl Kubelet {
             metrics,
             dns,
             stats: Default::default(),
+            tokens: Default::default(),
         })
     }
 

@@ -23,6 +23,7 @@ mod server;
 mod stats;
 mod status;
 mod streaming;
+mod tokens;
 mod volumes;
 mod worker;
 

@@ -26,6 +26,8 @@ pub struct Lookups {
     /// The Services of the pod's namespace and the `kubernetes` Service of `default`
     /// ([`crate::envvars`]).
     pub services: Vec<Service>,
+    /// ServiceAccount tokens of the projected volumes, by (audience, expirationSeconds).
+    pub tokens: HashMap<(String, i64), String>,
 }
 
 impl Lookups {
@@ -458,6 +460,7 @@ mod tests {
                 "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443, "protocol": "TCP"}]},
             }))
             .unwrap()],
+            tokens: HashMap::new(),
         }
     }
 

@@ -112,6 +112,14 @@ pub fn volume_files(
             if let Some(d) = &s.downward_api {
                 out.extend(downward(d.items.as_ref().unwrap_or(&vec![]))?);
             }
+            if let Some(t) = &s.service_account_token {
+                let key = (t.audience.clone().unwrap_or_default(), t.expiration_seconds.unwrap_or(3600));
+                let token = l
+                    .tokens
+                    .get(&key)
+                    .ok_or_else(|| ConfigError(format!("no service account token for audience {:?} yet", key.0)))?;
+                out.push((t.path.clone(), token.clone().into_bytes()));
+            }
         }
         return Ok(Some(out));
     }

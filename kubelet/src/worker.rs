@@ -206,6 +206,7 @@ async fn kill_pod(
     k.net.release_ips(records).await;
     k.net.detach(uid).await;
     volumes::remove_pod_dir(&k.root_dir, uid);
+    k.tokens.forget_pod(uid);
 }
 
 fn default_pull_policy(image: &str) -> &'static str {
@@ -305,6 +306,18 @@ async fn fetch_lookups(k: &Kubelet, pod: &Pod) -> Result<Lookups> {
     if pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true) {
         let list = Api::<Service>::namespaced(k.client.clone(), &ns).list(&Default::default()).await;
         l.services.extend(list.with_context(|| format!("listing the services of {ns}"))?.items);
+    }
+    let account = pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into());
+    for (audience, expiration_seconds) in crate::tokens::sources(pod) {
+        let key = crate::tokens::Key {
+            namespace: ns.clone(),
+            service_account: account.clone(),
+            pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
+            audience: audience.clone(),
+            expiration_seconds,
+        };
+        let token = k.tokens.get(&k.client, pod, &key).await?;
+        l.tokens.insert((audience, expiration_seconds), token);
     }
     if ns != "default" || l.services.is_empty() {
         let api = Api::<Service>::namespaced(k.client.clone(), "default");

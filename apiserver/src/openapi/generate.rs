@@ -43,6 +43,8 @@ fn definitions() -> (Map<String, Value>, ByGvk) {
     gen.subschema_for::<k8s_openapi::api::autoscaling::v1::Scale>();
     gen.subschema_for::<k8s_openapi::api::policy::v1::Eviction>();
     gen.subschema_for::<k8s_openapi::api::core::v1::Binding>();
+    // serviceaccounts/token's body (crate::serviceaccount).
+    gen.subschema_for::<k8s_openapi::api::authentication::v1::TokenRequest>();
     // The reviews (crate::reviews): not stored, so not in RESOURCES, but decoded by name.
     {
         use k8s_openapi::api::{authentication::v1 as authn, authorization::v1 as authz};
@@ -88,6 +90,7 @@ fn definitions() -> (Map<String, Value>, ByGvk) {
     add_gvk(&mut defs, "io.k8s.api.autoscaling.v1.Scale", "autoscaling", "v1", "Scale");
     add_gvk(&mut defs, "io.k8s.api.policy.v1.Eviction", "policy", "v1", "Eviction");
     add_gvk(&mut defs, "io.k8s.api.core.v1.Binding", "", "v1", "Binding");
+    add_gvk(&mut defs, "io.k8s.api.authentication.v1.TokenRequest", "authentication.k8s.io", "v1", "TokenRequest");
     for kind in crate::reviews::KINDS {
         let (g, k) = (kind.group(), kind.name());
         let package = g.trim_end_matches(".k8s.io");

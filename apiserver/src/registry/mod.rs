@@ -70,6 +70,8 @@ pub enum Sub {
     Finalize,
     /// `pods/ephemeralcontainers`: only `spec.ephemeralContainers` changes (`kubectl debug`).
     EphemeralContainers,
+    /// `serviceaccounts/token`: the TokenRequest API (create only; nothing is stored).
+    Token,
     /// Listed in discovery, served by a later part of the system (log, exec, proxy …).
     NotYetServed(&'static str, &'static str),
 }
@@ -83,6 +85,7 @@ impl Sub {
             Sub::Eviction => "eviction",
             Sub::Finalize => "finalize",
             Sub::EphemeralContainers => "ephemeralcontainers",
+            Sub::Token => "token",
             Sub::NotYetServed(n, _) => n,
         }
     }

@@ -12,6 +12,7 @@ use storage::Store;
 
 pub mod admission;
 pub mod authn;
+pub mod authz;
 pub mod continuetoken;
 pub mod crds;
 pub mod discovery;
@@ -59,6 +60,8 @@ pub struct Options {
     /// `--token-auth-file`'s users, for TokenReview (the server's authentication layer
     /// holds the same authenticator).
     pub tokens: Option<Arc<authn::TokenAuthenticator>>,
+    /// `--authorization-mode`, in order.
+    pub authorization_modes: Vec<authz::Mode>,
 }
 
 impl Default for Options {
@@ -73,6 +76,7 @@ impl Default for Options {
             port: 6443,
             watch_bookmark_interval: watch::WatchTiming::default().bookmark_interval,
             tokens: None,
+            authorization_modes: vec![authz::Mode::AlwaysAllow],
         }
     }
 }
@@ -94,6 +98,7 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         server_address: opts.advertise_address.clone(),
         timing: watch::WatchTiming { bookmark_interval: opts.watch_bookmark_interval },
         tokens: opts.tokens.clone(),
+        authz: Arc::new(authz::Authorizer::new(opts.authorization_modes.clone())),
     }))
 }
 
@@ -126,6 +131,15 @@ pub async fn bootstrap(state: &server::AppState, opts: &Options) -> Result<(), e
         Ok(_) => tracing::info!(ip, "created the kubernetes service"),
         Err(e) if e.code == 409 || e.code == 422 => {}
         Err(e) => return Err(e),
+    }
+    authz::bootstrap::reconcile(reg).await
+}
+
+/// Start what the configured authorizers need (the RBAC index, the Node authorizer's
+/// graph), complete when this returns: run it after [`bootstrap`], before serving.
+pub async fn start_authorization(state: &server::AppState) -> Result<(), error::ApiError> {
+    if state.authz.uses(authz::Mode::Rbac) || state.authz.uses(authz::Mode::Node) {
+        authz::feed::start(state.authz.clone(), state.registry.store.clone()).await?;
     }
     Ok(())
 }

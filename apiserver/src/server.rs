@@ -42,6 +42,9 @@ pub struct AppState {
     pub timing: WatchTiming,
     /// The token file's users (TokenReview), if authentication is on.
     pub tokens: Option<Arc<crate::authn::TokenAuthenticator>>,
+    /// The configured authorizers (`--authorization-mode`): the authorization layer, the
+    /// access reviews and escalation prevention ask them.
+    pub authz: Arc<crate::authz::Authorizer>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -232,7 +235,10 @@ async fn dispatch(State(state): State<Arc<AppState>>, req: Request) -> Response 
             let user = parts.extensions.get::<crate::authn::UserInfo>();
             review(&state, &parts.method, &parts.headers, rp, user, body).await
         }
-        _ => route(&state, &parts.method, &parts.headers, &query, target, body).await,
+        _ => {
+            let user = parts.extensions.get::<crate::authn::UserInfo>();
+            route(&state, &parts.method, &parts.headers, &query, target, user, body).await
+        }
     };
     let resp = match result {
         Ok(r) => r,
@@ -257,6 +263,7 @@ async fn route(
     headers: &HeaderMap,
     query: &HashMap<String, String>,
     target: Option<Target>,
+    user: Option<&crate::authn::UserInfo>,
     body: Body,
 ) -> ApiResult<Response> {
     let is_get = *method == Method::GET || *method == Method::HEAD;
@@ -286,7 +293,7 @@ async fn route(
             let v = crate::metricsapi::serve(&state.registry, &rp, watch, list_options(query)?).await?;
             Ok(json_response(StatusCode::OK, &v, &[]))
         }
-        Some(Target::Resource(rp)) => resource_request(state, method, headers, query, rp, body).await,
+        Some(Target::Resource(rp)) => resource_request(state, method, headers, query, rp, user, body).await,
     }
 }
 
@@ -318,7 +325,8 @@ async fn review(
     let bytes = read_body(headers, body).await?;
     let obj = decode_object(headers, &bytes)?;
     let requester = crate::reviews::requester(user);
-    let out = crate::reviews::review(kind, rp.namespace.as_deref(), obj, &requester, state.tokens.as_deref())?;
+    let out =
+        crate::reviews::review(kind, rp.namespace.as_deref(), obj, &requester, state.tokens.as_deref(), &state.authz)?;
     Ok(json_response(StatusCode::CREATED, &out, &[]))
 }
 
@@ -366,7 +374,7 @@ fn write_options(query: &HashMap<String, String>) -> ApiResult<WriteOptions> {
             )))
         }
     };
-    Ok(WriteOptions { dry_run, field_validation, managed_fields: None })
+    Ok(WriteOptions { dry_run, field_validation, ..Default::default() })
 }
 
 fn list_options(query: &HashMap<String, String>) -> ApiResult<ListOptions> {
@@ -554,6 +562,7 @@ async fn resource_request(
     headers: &HeaderMap,
     query: &HashMap<String, String>,
     rp: ResourcePath,
+    user: Option<&crate::authn::UserInfo>,
     body: Body,
 ) -> ApiResult<Response> {
     let Some(served) = resources::find(&rp.group, &rp.version, &rp.resource) else {
@@ -589,6 +598,11 @@ async fn resource_request(
     let name = rp.name.clone().unwrap_or_default();
     let reg = &state.registry;
     let table = wants_table(headers);
+    // Admission that depends on who asks: escalation prevention, NodeRestriction.
+    let admit = crate::authz::write_admission(&state.authz, user, &rp);
+    let write_options = |query: &HashMap<String, String>| -> ApiResult<WriteOptions> {
+        Ok(WriteOptions { admit: admit.clone(), ..write_options(query)? })
+    };
     // Stored as served and no table asked for: the stored bytes answer as they are.
     let raw_ok = codec.view.is_none() && !table;
 

@@ -6,6 +6,7 @@
 //! Each controller is a module whose decisions are pure functions (unit-tested) and
 //! whose reconcile function is a thin I/O shell over them.
 
+mod clusterroleaggregation;
 mod cronjob;
 mod daemonset;
 mod deployment;
@@ -71,6 +72,7 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("statefulset", true),
     ("daemonset", true),
     ("podgc", true),
+    ("clusterrole-aggregation", true),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -286,6 +288,9 @@ async fn main() -> anyhow::Result<()> {
             }
             "serviceaccount" => {
                 tasks.spawn(serviceaccount::run(client.clone()));
+            }
+            "clusterrole-aggregation" => {
+                tasks.spawn(clusterroleaggregation::run(client.clone()));
             }
             "disruption" => {
                 tasks.spawn(disruption::run(client.clone(), pods.clone()));

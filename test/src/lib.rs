@@ -14,6 +14,8 @@ pub mod kubeproxy;
 
 pub mod kubelet;
 
+pub mod tls;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

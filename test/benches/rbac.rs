@@ -214,21 +214,7 @@ fn main() {
     }
     bench_decision();
 
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    match std::env::var("BENCH_APISERVER_BIN") {
-        Ok(bin) => std::env::set_var("MINIK8S_APISERVER_BIN", bin),
-        Err(_) => {
-            let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .args(["build", "-q", "--release", "-p", "apiserver"])
-                .current_dir(&root)
-                .status()
-                .expect("cargo build --release -p apiserver");
-            assert!(status.success(), "building the release apiserver failed");
-            let target =
-                std::env::var("CARGO_TARGET_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| root.join("target"));
-            std::env::set_var("MINIK8S_APISERVER_BIN", target.join("release/apiserver"));
-        }
-    }
+    e2e::use_release_apiserver();
     let dir = tempfile::tempdir().expect("temp dir");
     let tokens = dir.path().join("tokens.csv");
     std::fs::write(&tokens, "admin-token,admin,1,\"system:masters\"\njane-token,jane,2\n").expect("token file");

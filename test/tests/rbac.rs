@@ -68,11 +68,7 @@ impl Cluster {
             .env_remove("KUBECONFIG")
             .output()
             .context("running kubectl")?;
-        Ok(KubectlOutput {
-            ok: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        })
+        Ok(out.into())
     }
 
     fn kubectl(&self, who: &str, args: &[&str]) -> Result<KubectlOutput> {

@@ -54,7 +54,7 @@ async fn write(reg: &Registry, res: &ResourceDef, name: &str, obj: Value, create
     };
     match out {
         Ok(()) => {
-            tracing::info!(kind = res.kind, name, created = create, "reconciled bootstrap RBAC policy");
+            tracing::debug!(kind = res.kind, name, created = create, "reconciled bootstrap RBAC policy");
             Ok(())
         }
         Err(e) if e.code == 409 => Ok(()),
@@ -99,6 +99,9 @@ pub async fn reconcile(reg: &Registry) -> ApiResult<()> {
         write(reg, bindings_res, &name, obj, create).await
     }))
     .await;
-    writes.into_iter().chain(results).collect::<ApiResult<Vec<()>>>()?;
+    let written = writes.into_iter().chain(results).collect::<ApiResult<Vec<()>>>()?.len();
+    if written > 0 {
+        tracing::info!(objects = written, "bootstrap RBAC policy reconciled");
+    }
     Ok(())
 }

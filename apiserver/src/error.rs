@@ -155,6 +155,17 @@ impl ApiError {
         Self::new(403, "Forbidden", format!("{} \"{name}\" is forbidden: {why}", qualified(group, resource)))
             .with_details(group, resource, name)
     }
+    /// Kubernetes' `NewForbidden`: names the resource (and the object) when there is one.
+    pub fn forbidden_error(group: &str, resource: &str, name: &str, err: &str) -> Self {
+        let message = if group.is_empty() && resource.is_empty() {
+            format!("forbidden: {err}")
+        } else if name.is_empty() {
+            format!("{} is forbidden: {err}", qualified(group, resource))
+        } else {
+            format!("{} \"{name}\" is forbidden: {err}", qualified(group, resource))
+        };
+        Self::new(403, "Forbidden", message).with_details(group, resource, name)
+    }
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)
     }

@@ -12,6 +12,7 @@ use storage::Store;
 
 pub mod admission;
 pub mod authn;
+pub mod authz;
 pub mod continuetoken;
 pub mod crds;
 pub mod discovery;
@@ -63,6 +64,8 @@ pub struct Options {
     pub tokens: Option<Arc<authn::TokenAuthenticator>>,
     /// The ServiceAccount token issuer (`--service-account-signing-key-file` …), if any.
     pub service_account_issuer: Option<Arc<serviceaccount::Issuer>>,
+    /// `--authorization-mode`, in order.
+    pub authorization_modes: Vec<authz::Mode>,
 }
 
 impl Default for Options {
@@ -78,6 +81,7 @@ impl Default for Options {
             watch_bookmark_interval: watch::WatchTiming::default().bookmark_interval,
             tokens: None,
             service_account_issuer: None,
+            authorization_modes: vec![authz::Mode::AlwaysAllow],
         }
     }
 }
@@ -100,6 +104,7 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         timing: watch::WatchTiming { bookmark_interval: opts.watch_bookmark_interval },
         tokens: opts.tokens.clone(),
         service_account_issuer: opts.service_account_issuer.clone(),
+        authz: Arc::new(authz::Authorizer::new(opts.authorization_modes.clone())),
     }))
 }
 
@@ -132,6 +137,15 @@ pub async fn bootstrap(state: &server::AppState, opts: &Options) -> Result<(), e
         Ok(_) => tracing::info!(ip, "created the kubernetes service"),
         Err(e) if e.code == 409 || e.code == 422 => {}
         Err(e) => return Err(e),
+    }
+    authz::bootstrap::reconcile(reg).await
+}
+
+/// Start what the configured authorizers need (the RBAC index, the Node authorizer's
+/// graph), complete when this returns: run it after [`bootstrap`], before serving.
+pub async fn start_authorization(state: &server::AppState) -> Result<(), error::ApiError> {
+    if state.authz.uses(authz::Mode::Rbac) || state.authz.uses(authz::Mode::Node) {
+        authz::feed::start(state.authz.clone(), state.registry.store.clone()).await?;
     }
     Ok(())
 }

@@ -49,6 +49,10 @@ struct Args {
     /// /healthz, /livez, /readyz and /version needs `Authorization: Bearer <token>`.
     #[arg(long)]
     token_auth_file: Option<PathBuf>,
+    /// Ordered list of plug-ins that authorize requests (comma-separated): AlwaysAllow,
+    /// AlwaysDeny, RBAC, Node. Members of system:masters are always allowed.
+    #[arg(long, default_value = "AlwaysAllow")]
+    authorization_mode: String,
     /// Port of an additional plain-HTTP listener that needs no authentication (0: none), as
     /// kube-apiserver's `--insecure-port` before 1.20: for the official kubectl on this host,
     /// which sends no token over plain HTTP. Keep it on a loopback address.
@@ -130,6 +134,8 @@ async fn main() -> anyhow::Result<()> {
             .init();
     }
 
+    let authorization_modes = apiserver::authz::parse_modes(&args.authorization_mode)
+        .map_err(|e| anyhow::anyhow!("invalid --authorization-mode: {e}"))?;
     let authn = match &args.token_auth_file {
         Some(path) => {
             let auth = apiserver::authn::TokenAuthenticator::load(path)?;
@@ -170,6 +176,7 @@ async fn main() -> anyhow::Result<()> {
         watch_cache_size: args.default_watch_cache_size,
         tokens: authn.clone(),
         service_account_issuer: service_account_issuer(&args)?,
+        authorization_modes,
     };
     let state = apiserver::build_state(store, &opts)?;
     let _crds = apiserver::crds::spawn(state.registry.clone());
@@ -190,6 +197,7 @@ async fn main() -> anyhow::Result<()> {
             Err(e) => anyhow::bail!("bootstrap failed: {e}"),
         }
     }
+    apiserver::start_authorization(&state).await.context("starting authorization")?;
     let addr: SocketAddr = format!("{}:{}", args.bind_address, args.port)
         .parse()
         .with_context(|| format!("invalid --bind-address {:?}", args.bind_address))?;
@@ -201,10 +209,12 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("invalid --insecure-bind-address {:?}", args.insecure_bind_address))?;
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         tracing::warn!(%addr, "serving the Kubernetes API without authentication (--insecure-port)");
-        let app = apiserver::server::router(state.clone());
+        // As kube-apiserver's insecure port: its requests are a superuser's.
+        let app = apiserver::authz::insecure(apiserver::server::router(state.clone()));
         tokio::spawn(apiserver::serve::serve(listener, app, shutdown_signal(), apiserver::serve::IDLE_TIMEOUT));
     }
-    let mut app = apiserver::server::router(state);
+    let authz = state.authz.clone();
+    let mut app = apiserver::authz::layer(apiserver::server::router(state), authz);
     if let Some(auth) = authn {
         app = apiserver::authn::layer(app, auth);
     }

@@ -52,7 +52,7 @@ pub fn write_options(query: &HashMap<String, String>) -> ApiResult<WriteOptions>
             )))
         }
     };
-    Ok(WriteOptions { dry_run, field_validation, managed_fields: None })
+    Ok(WriteOptions { dry_run, field_validation, ..Default::default() })
 }
 
 pub fn list_options(query: &HashMap<String, String>) -> ApiResult<ListOptions> {

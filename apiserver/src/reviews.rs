@@ -6,12 +6,13 @@
 //! Nothing is stored. A create answers 201 with the request and its `status` filled in, as
 //! Kubernetes does; every other verb is 405.
 //!
-//! Authorization is Kubernetes' `AlwaysAllow` mode: the apiserver refuses a request only
-//! when it cannot authenticate it (see [`crate::authn`]). So every access review is allowed
-//! and a rules review lists `*` for everything, exactly what kube-apiserver with
-//! `--authorization-mode=AlwaysAllow` answers. The requester is the token file's user, with
-//! the group `system:authenticated` Kubernetes adds to every authenticated user. Without
-//! credentials it is `system:anonymous`, in `system:unauthenticated`.
+//! Access reviews are answered by the configured authorizers ([`crate::authz`]): allowed,
+//! denied (an authorizer said no, as AlwaysDeny does) and the reason; a rules review lists
+//! what the requester may do in a namespace as each authorizer can tell (everything under
+//! AlwaysAllow, the user's RBAC rules, `incomplete` where the Node authorizer cannot
+//! enumerate). The requester is the authenticated (or impersonated) user, with the group
+//! `system:authenticated` Kubernetes adds to every authenticated user; without credentials
+//! it is `system:anonymous`, in `system:unauthenticated`.
 //!
 //! Deciding is pure ([`review`]); the server only reads the body and finds the requester.
 
@@ -23,6 +24,7 @@ use k8s_openapi::api::authentication::v1 as authn;
 use k8s_openapi::api::authorization::v1 as authz;
 
 use crate::authn::{TokenAuthenticator, UserInfo};
+use crate::authz::{Attributes, Authorizer, Decision, User};
 use crate::error::{ApiError, ApiResult, FieldError};
 
 pub const AUTHORIZATION: &str = "authorization.k8s.io";
@@ -114,30 +116,82 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     }))
 }
 
-/// Who made the request: the token's user, or the anonymous user without credentials.
+/// Who made the request: the authenticated user, or the anonymous user without
+/// credentials (the groups Kubernetes adds included).
 pub fn requester(user: Option<&UserInfo>) -> authn::UserInfo {
-    match user {
-        Some(u) => authenticated(u),
-        None => authn::UserInfo {
-            username: Some("system:anonymous".into()),
-            groups: Some(vec!["system:unauthenticated".into()]),
-            ..Default::default()
-        },
-    }
+    user_info(&User::of(user))
 }
 
 /// A token file's user as Kubernetes reports it: with `system:authenticated` added.
 fn authenticated(u: &UserInfo) -> authn::UserInfo {
-    let mut groups = u.groups.clone();
-    if !groups.iter().any(|g| g == "system:authenticated") {
-        groups.push("system:authenticated".into());
-    }
+    user_info(&User::of(Some(u)))
+}
+
+fn user_info(u: &User) -> authn::UserInfo {
     authn::UserInfo {
         username: Some(u.name.clone()),
         uid: (!u.uid.is_empty()).then(|| u.uid.clone()),
-        groups: Some(groups),
+        groups: Some(u.groups.clone()),
         extra: None,
     }
+}
+
+/// The user a review's requester is, for the authorizers.
+fn as_user(r: &authn::UserInfo) -> User {
+    User {
+        name: r.username.clone().unwrap_or_default(),
+        uid: r.uid.clone().unwrap_or_default(),
+        groups: r.groups.clone().unwrap_or_default(),
+    }
+}
+
+/// The attributes an access review asks about.
+fn review_attributes(
+    user: User,
+    resource: Option<&authz::ResourceAttributes>,
+    non_resource: Option<&authz::NonResourceAttributes>,
+) -> Attributes {
+    let s = |v: &Option<String>| v.clone().unwrap_or_default();
+    match (resource, non_resource) {
+        (Some(r), _) => Attributes {
+            user,
+            verb: s(&r.verb),
+            resource_request: true,
+            namespace: s(&r.namespace),
+            api_group: s(&r.group),
+            api_version: s(&r.version),
+            resource: s(&r.resource),
+            subresource: s(&r.subresource),
+            name: s(&r.name),
+            path: String::new(),
+        },
+        (None, Some(n)) => Attributes { user, verb: s(&n.verb), path: s(&n.path), ..Default::default() },
+        (None, None) => Attributes { user, ..Default::default() },
+    }
+}
+
+/// The authorizers' answer as a review status.
+fn decide(authz: &Authorizer, a: &Attributes) -> authz::SubjectAccessReviewStatus {
+    let v = authz.authorize(a);
+    authz::SubjectAccessReviewStatus {
+        allowed: v.decision == Decision::Allow,
+        denied: (v.decision == Decision::Deny).then_some(true),
+        reason: (!v.reason.is_empty()).then_some(v.reason),
+        evaluation_error: None,
+    }
+}
+
+/// The user a SubjectAccessReview names.
+fn subject(user: &Option<String>, uid: &Option<String>, groups: &Option<Vec<String>>) -> User {
+    User {
+        name: user.clone().unwrap_or_default(),
+        uid: uid.clone().unwrap_or_default(),
+        groups: groups.clone().unwrap_or_default(),
+    }
+}
+
+fn rule_list(v: Option<Vec<String>>) -> Option<Vec<String>> {
+    v.filter(|v| !v.is_empty())
 }
 
 /// Answer a review: the request with its status filled in.
@@ -147,12 +201,18 @@ pub fn review(
     body: Value,
     requester: &authn::UserInfo,
     tokens: Option<&TokenAuthenticator>,
+    authorizer: &Authorizer,
 ) -> ApiResult<Value> {
     match kind {
         Kind::SelfSubjectAccessReview => {
             let mut r: authz::SelfSubjectAccessReview = decode(kind, body)?;
             check_attributes(kind, r.spec.resource_attributes.is_some(), r.spec.non_resource_attributes.is_some())?;
-            r.status = Some(allowed());
+            let a = review_attributes(
+                as_user(requester),
+                r.spec.resource_attributes.as_ref(),
+                r.spec.non_resource_attributes.as_ref(),
+            );
+            r.status = Some(decide(authorizer, &a));
             encode(&r)
         }
         Kind::SubjectAccessReview => {
@@ -161,7 +221,10 @@ pub fn review(
                 attribute_errors(r.spec.resource_attributes.is_some(), r.spec.non_resource_attributes.is_some());
             errs.extend(subject_errors(&r.spec.user, &r.spec.groups));
             reject(kind, &r.metadata.name, errs)?;
-            r.status = Some(allowed());
+            let who = subject(&r.spec.user, &r.spec.uid, &r.spec.groups);
+            let a =
+                review_attributes(who, r.spec.resource_attributes.as_ref(), r.spec.non_resource_attributes.as_ref());
+            r.status = Some(decide(authorizer, &a));
             encode(&r)
         }
         Kind::LocalSubjectAccessReview => {
@@ -191,25 +254,44 @@ pub fn review(
             }
             errs.extend(subject_errors(&r.spec.user, &r.spec.groups));
             reject(kind, &r.metadata.name, errs)?;
-            r.status = Some(allowed());
+            let who = subject(&r.spec.user, &r.spec.uid, &r.spec.groups);
+            let a = review_attributes(who, r.spec.resource_attributes.as_ref(), None);
+            r.status = Some(decide(authorizer, &a));
             encode(&r)
         }
         Kind::SelfSubjectRulesReview => {
             let mut r: authz::SelfSubjectRulesReview = decode(kind, body)?;
-            // AlwaysAllow's rules: everything, complete.
+            let ns = r.spec.namespace.clone().unwrap_or_default();
+            if ns.is_empty() {
+                return Err(ApiError::bad_request("no namespace on request"));
+            }
+            let rules = authorizer.rules_for(&as_user(requester), &ns);
+            let errors = match rules.evaluation_errors.as_slice() {
+                [] => None,
+                [one] => Some(one.clone()),
+                many => Some(format!("[{}]", many.join(", "))),
+            };
             r.status = Some(authz::SubjectRulesReviewStatus {
-                resource_rules: vec![authz::ResourceRule {
-                    verbs: vec!["*".into()],
-                    api_groups: Some(vec!["*".into()]),
-                    resources: Some(vec!["*".into()]),
-                    resource_names: None,
-                }],
-                non_resource_rules: vec![authz::NonResourceRule {
-                    verbs: vec!["*".into()],
-                    non_resource_urls: Some(vec!["*".into()]),
-                }],
-                incomplete: false,
-                evaluation_error: None,
+                resource_rules: rules
+                    .resource_rules
+                    .into_iter()
+                    .map(|p| authz::ResourceRule {
+                        verbs: p.verbs,
+                        api_groups: rule_list(p.api_groups),
+                        resources: rule_list(p.resources),
+                        resource_names: rule_list(p.resource_names),
+                    })
+                    .collect(),
+                non_resource_rules: rules
+                    .non_resource_rules
+                    .into_iter()
+                    .map(|p| authz::NonResourceRule {
+                        verbs: p.verbs,
+                        non_resource_urls: rule_list(p.non_resource_urls),
+                    })
+                    .collect(),
+                incomplete: rules.incomplete,
+                evaluation_error: errors,
             });
             encode(&r)
         }
@@ -241,10 +323,6 @@ fn subject_errors(user: &Option<String>, groups: &Option<Vec<String>>) -> Option
     let user = user.as_deref().unwrap_or_default();
     (user.is_empty() && groups.as_ref().is_none_or(Vec::is_empty))
         .then(|| FieldError::invalid("spec.user", &json!(user), "at least one of user or group must be specified"))
-}
-
-fn allowed() -> authz::SubjectAccessReviewStatus {
-    authz::SubjectAccessReviewStatus { allowed: true, ..Default::default() }
 }
 
 /// Exactly one of resourceAttributes and nonResourceAttributes (Kubernetes' wording).
@@ -308,6 +386,10 @@ fn encode<T: Serialize + k8s_openapi::Resource>(obj: &T) -> ApiResult<Value> {
 mod tests {
     use super::*;
 
+    fn allow() -> Authorizer {
+        Authorizer::new(vec![crate::authz::Mode::AlwaysAllow])
+    }
+
     fn admin() -> UserInfo {
         UserInfo { name: "admin".into(), uid: "uid-1".into(), groups: vec!["system:masters".into()] }
     }
@@ -345,14 +427,14 @@ mod tests {
     fn access_reviews_are_allowed_and_echo_the_request() {
         let me = requester(Some(&admin()));
         let body = ssar(json!({"resourceAttributes": {"namespace": "default", "verb": "create", "resource": "pods"}}));
-        let out = review(Kind::SelfSubjectAccessReview, None, body, &me, None).unwrap();
+        let out = review(Kind::SelfSubjectAccessReview, None, body, &me, None, &allow()).unwrap();
         assert_eq!(out["status"]["allowed"], true);
         assert_eq!(out["spec"]["resourceAttributes"]["resource"], "pods");
         assert_eq!(out["kind"], "SelfSubjectAccessReview");
         assert_eq!(out["apiVersion"], "authorization.k8s.io/v1");
 
         let body = json!({"spec": {"nonResourceAttributes": {"path": "/healthz", "verb": "get"}, "user": "bob"}});
-        let out = review(Kind::SubjectAccessReview, None, body, &me, None).unwrap();
+        let out = review(Kind::SubjectAccessReview, None, body, &me, None, &allow()).unwrap();
         assert_eq!(out["status"]["allowed"], true);
         assert_eq!(out["kind"], "SubjectAccessReview");
     }
@@ -360,13 +442,13 @@ mod tests {
     #[test]
     fn malformed_access_reviews_are_invalid_with_field_paths() {
         let me = requester(None);
-        let e = review(Kind::SelfSubjectAccessReview, None, ssar(json!({})), &me, None).unwrap_err();
+        let e = review(Kind::SelfSubjectAccessReview, None, ssar(json!({})), &me, None, &allow()).unwrap_err();
         assert_eq!((e.code, e.reason), (422, "Invalid"));
         assert_eq!(e.details.unwrap().causes[0].field, "spec.resourceAttributes");
 
         let both =
             ssar(json!({"resourceAttributes": {"verb": "get"}, "nonResourceAttributes": {"path": "/", "verb": "get"}}));
-        let e = review(Kind::SelfSubjectAccessReview, None, both, &me, None).unwrap_err();
+        let e = review(Kind::SelfSubjectAccessReview, None, both, &me, None, &allow()).unwrap_err();
         assert_eq!(e.details.unwrap().causes[0].field, "spec.nonResourceAttributes");
 
         let e = review(
@@ -375,14 +457,16 @@ mod tests {
             json!({"spec": {"resourceAttributes": {"verb": "get"}}}),
             &me,
             None,
+            &allow(),
         )
         .unwrap_err();
         assert_eq!(e.details.unwrap().causes[0].field, "spec.user");
 
-        let e = review(Kind::SelfSubjectAccessReview, None, json!({"kind": "Pod"}), &me, None).unwrap_err();
+        let e = review(Kind::SelfSubjectAccessReview, None, json!({"kind": "Pod"}), &me, None, &allow()).unwrap_err();
         assert_eq!(e.code, 400);
         let e =
-            review(Kind::SelfSubjectAccessReview, None, ssar(json!({"resourceAttributes": 3})), &me, None).unwrap_err();
+            review(Kind::SelfSubjectAccessReview, None, ssar(json!({"resourceAttributes": 3})), &me, None, &allow())
+                .unwrap_err();
         assert_eq!(e.code, 400);
         assert!(e.message.contains("spec.resourceAttributes"), "{}", e.message);
     }
@@ -391,16 +475,19 @@ mod tests {
     fn local_reviews_are_bound_to_the_url_namespace() {
         let me = requester(None);
         let ok = json!({"spec": {"resourceAttributes": {"namespace": "team", "verb": "get"}, "groups": ["devs"]}});
-        let out = review(Kind::LocalSubjectAccessReview, Some("team"), ok.clone(), &me, None).unwrap();
+        let out = review(Kind::LocalSubjectAccessReview, Some("team"), ok.clone(), &me, None, &allow()).unwrap();
         assert_eq!(out["metadata"]["namespace"], "team");
         assert_eq!(out["status"]["allowed"], true);
 
-        let e = review(Kind::LocalSubjectAccessReview, Some("other"), ok, &me, None).unwrap_err();
+        let e = review(Kind::LocalSubjectAccessReview, Some("other"), ok, &me, None, &allow()).unwrap_err();
         assert_eq!(e.details.unwrap().causes[0].field, "spec.resourceAttributes.namespace");
         let moved = json!({"metadata": {"namespace": "team"}, "spec": {"resourceAttributes": {"namespace": "team"}, "user": "u"}});
-        assert_eq!(review(Kind::LocalSubjectAccessReview, Some("other"), moved, &me, None).unwrap_err().code, 400);
+        assert_eq!(
+            review(Kind::LocalSubjectAccessReview, Some("other"), moved, &me, None, &allow()).unwrap_err().code,
+            400
+        );
         let non_resource = json!({"spec": {"nonResourceAttributes": {"path": "/"}, "user": "u"}});
-        let e = review(Kind::LocalSubjectAccessReview, Some("team"), non_resource, &me, None).unwrap_err();
+        let e = review(Kind::LocalSubjectAccessReview, Some("team"), non_resource, &me, None, &allow()).unwrap_err();
         let fields: Vec<String> = e.details.unwrap().causes.into_iter().map(|c| c.field).collect();
         assert_eq!(fields, ["spec.nonResourceAttributes", "spec.resourceAttributes"]);
     }
@@ -413,21 +500,82 @@ mod tests {
             json!({"spec": {"namespace": "default"}}),
             &requester(None),
             None,
+            &allow(),
         )
         .unwrap();
         assert_eq!(out["status"]["resourceRules"], json!([{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}]));
         assert_eq!(out["status"]["nonResourceRules"], json!([{"verbs": ["*"], "nonResourceURLs": ["*"]}]));
         assert_eq!(out["status"]["incomplete"], false);
+        let e = review(Kind::SelfSubjectRulesReview, None, json!({"spec": {}}), &requester(None), None, &allow());
+        assert_eq!(e.unwrap_err().message, "no namespace on request");
+    }
+
+    fn rbac() -> Authorizer {
+        let a = Authorizer::new(vec![crate::authz::Mode::Node, crate::authz::Mode::Rbac]);
+        a.rbac.set(crate::authz::rbac::Index::build(&crate::authz::rbac::tests::objects()));
+        a
+    }
+
+    fn jane() -> UserInfo {
+        UserInfo { name: "jane".into(), uid: String::new(), groups: vec![] }
+    }
+
+    #[test]
+    fn access_reviews_answer_from_the_authorizers() {
+        let me = requester(Some(&jane()));
+        let body = |verb: &str, ns: &str| {
+            ssar(json!({"resourceAttributes": {"namespace": ns, "verb": verb, "resource": "pods"}}))
+        };
+        let out = review(Kind::SelfSubjectAccessReview, None, body("list", "team"), &me, None, &rbac()).unwrap();
+        assert_eq!(out["status"]["allowed"], true);
+        assert_eq!(
+            out["status"]["reason"],
+            r#"RBAC: allowed by RoleBinding "jane-view/team" of ClusterRole "view" to User "jane""#
+        );
+        let out = review(Kind::SelfSubjectAccessReview, None, body("create", "team"), &me, None, &rbac()).unwrap();
+        assert_eq!(out["status"], json!({"allowed": false}));
+        let deny = Authorizer::new(vec![crate::authz::Mode::AlwaysDeny]);
+        let out = review(Kind::SelfSubjectAccessReview, None, body("list", "team"), &me, None, &deny).unwrap();
+        assert_eq!(out["status"], json!({"allowed": false, "denied": true, "reason": "Everything is forbidden."}));
+        // About someone else: their user and groups, not the requester's.
+        let sar = json!({"spec": {"resourceAttributes": {"namespace": "other", "verb": "watch", "resource": "pods"},
+                                  "user": "amy", "groups": ["auditors"]}});
+        let out = review(Kind::SubjectAccessReview, None, sar, &me, None, &rbac()).unwrap();
+        assert_eq!(out["status"]["allowed"], true);
+        let local = json!({"spec": {"resourceAttributes": {"namespace": "team", "verb": "get", "resource": "pods"}, "user": "jane"}});
+        let out = review(Kind::LocalSubjectAccessReview, Some("team"), local, &me, None, &rbac()).unwrap();
+        assert_eq!(out["status"]["allowed"], true);
+    }
+
+    #[test]
+    fn rules_reviews_list_the_requester_s_rules() {
+        let body = json!({"spec": {"namespace": "team"}});
+        let out =
+            review(Kind::SelfSubjectRulesReview, None, body.clone(), &requester(Some(&jane())), None, &rbac()).unwrap();
+        assert_eq!(
+            out["status"]["resourceRules"],
+            json!([{"verbs": ["get", "list", "watch"], "apiGroups": [""], "resources": ["pods", "pods/log"]}])
+        );
+        assert_eq!(out["status"]["incomplete"], false);
+        assert!(out["status"].get("evaluationError").is_none());
+        let dev = UserInfo { name: "dan".into(), uid: String::new(), groups: vec!["devs".into()] };
+        let out =
+            review(Kind::SelfSubjectRulesReview, None, body.clone(), &requester(Some(&dev)), None, &rbac()).unwrap();
+        assert_eq!(out["status"]["evaluationError"], r#"clusterrole.rbac.authorization.k8s.io "gone" not found"#);
+        assert_eq!(out["status"]["resourceRules"][0]["resourceNames"], json!(["web"]));
+        let node = UserInfo { name: "system:node:n1".into(), uid: String::new(), groups: vec!["system:nodes".into()] };
+        let out = review(Kind::SelfSubjectRulesReview, None, body, &requester(Some(&node)), None, &rbac()).unwrap();
+        assert_eq!(out["status"]["incomplete"], true);
     }
 
     #[test]
     fn self_subject_review_names_the_requester() {
-        let out = review(Kind::SelfSubjectReview, None, json!({}), &requester(Some(&admin())), None).unwrap();
+        let out = review(Kind::SelfSubjectReview, None, json!({}), &requester(Some(&admin())), None, &allow()).unwrap();
         assert_eq!(
             out["status"]["userInfo"],
             json!({"username": "admin", "uid": "uid-1", "groups": ["system:masters", "system:authenticated"]})
         );
-        let out = review(Kind::SelfSubjectReview, None, json!({}), &requester(None), None).unwrap();
+        let out = review(Kind::SelfSubjectReview, None, json!({}), &requester(None), None, &allow()).unwrap();
         assert_eq!(
             out["status"]["userInfo"],
             json!({"username": "system:anonymous", "groups": ["system:unauthenticated"]})
@@ -438,16 +586,18 @@ mod tests {
     fn token_reviews_check_the_token_file() {
         let tokens = TokenAuthenticator::parse("s3cr3t,admin,uid-1\n".as_bytes(), "tokens.csv").unwrap();
         let me = requester(None);
-        let out = review(Kind::TokenReview, None, json!({"spec": {"token": "s3cr3t"}}), &me, Some(&tokens)).unwrap();
+        let out = review(Kind::TokenReview, None, json!({"spec": {"token": "s3cr3t"}}), &me, Some(&tokens), &allow())
+            .unwrap();
         assert_eq!(out["status"]["authenticated"], true);
         assert_eq!(out["status"]["user"]["username"], "admin");
         assert_eq!(out["status"]["user"]["groups"], json!(["system:authenticated"]));
-        let out = review(Kind::TokenReview, None, json!({"spec": {"token": "nope"}}), &me, Some(&tokens)).unwrap();
+        let out =
+            review(Kind::TokenReview, None, json!({"spec": {"token": "nope"}}), &me, Some(&tokens), &allow()).unwrap();
         assert_eq!(out["status"]["authenticated"], false);
         assert!(out["status"].get("user").is_none());
-        let out = review(Kind::TokenReview, None, json!({"spec": {"token": "s3cr3t"}}), &me, None).unwrap();
+        let out = review(Kind::TokenReview, None, json!({"spec": {"token": "s3cr3t"}}), &me, None, &allow()).unwrap();
         assert_eq!(out["status"]["authenticated"], false, "no token file: no token is valid");
-        let e = review(Kind::TokenReview, None, json!({"spec": {}}), &me, Some(&tokens)).unwrap_err();
+        let e = review(Kind::TokenReview, None, json!({"spec": {}}), &me, Some(&tokens), &allow()).unwrap_err();
         assert_eq!(e.code, 400);
     }
 }

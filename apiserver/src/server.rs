@@ -20,7 +20,9 @@ use crate::error::{ApiError, ApiResult};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::patch::PatchType;
 use crate::query::{delete_options, list_options, q_bool, write_options};
-use crate::registry::generic::{key_of, prefix_of, Deleted, FieldValidation, ListOptions, Registry, UpdateKind};
+use crate::registry::generic::{
+    key_of, prefix_of, Deleted, FieldValidation, ListOptions, Registry, UpdateKind, WriteOptions,
+};
 use crate::registry::pod;
 use crate::registry::scale::ScaleWrite;
 use crate::requestinfo::{self, ResourcePath, Target};
@@ -42,6 +44,9 @@ pub struct AppState {
     pub tokens: Option<Arc<crate::authn::TokenAuthenticator>>,
     /// The ServiceAccount token issuer, if one is configured.
     pub service_account_issuer: Option<Arc<crate::serviceaccount::Issuer>>,
+    /// The configured authorizers (`--authorization-mode`): the authorization layer, the
+    /// access reviews and escalation prevention ask them.
+    pub authz: Arc<crate::authz::Authorizer>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -252,7 +257,10 @@ async fn dispatch(State(state): State<Arc<AppState>>, req: Request) -> Response 
             let user = parts.extensions.get::<crate::authn::UserInfo>();
             review(&state, &parts.method, &parts.headers, rp, user, body).await
         }
-        _ => route(&state, &parts.method, &parts.headers, &query, target, body).await,
+        _ => {
+            let user = parts.extensions.get::<crate::authn::UserInfo>();
+            route(&state, &parts.method, &parts.headers, &query, target, user, body).await
+        }
     };
     let resp = match result {
         Ok(r) => r,
@@ -277,6 +285,7 @@ async fn route(
     headers: &HeaderMap,
     query: &HashMap<String, String>,
     target: Option<Target>,
+    user: Option<&crate::authn::UserInfo>,
     body: Body,
 ) -> ApiResult<Response> {
     let is_get = *method == Method::GET || *method == Method::HEAD;
@@ -306,7 +315,7 @@ async fn route(
             let v = crate::metricsapi::serve(&state.registry, &rp, watch, list_options(query)?).await?;
             Ok(json_response(StatusCode::OK, &v, &[]))
         }
-        Some(Target::Resource(rp)) => resource_request(state, method, headers, query, rp, body).await,
+        Some(Target::Resource(rp)) => resource_request(state, method, headers, query, rp, user, body).await,
     }
 }
 
@@ -338,7 +347,8 @@ async fn review(
     let bytes = read_body(headers, body).await?;
     let obj = decode_object(headers, &bytes)?;
     let requester = crate::reviews::requester(user);
-    let out = crate::reviews::review(kind, rp.namespace.as_deref(), obj, &requester, state.tokens.as_deref())?;
+    let out =
+        crate::reviews::review(kind, rp.namespace.as_deref(), obj, &requester, state.tokens.as_deref(), &state.authz)?;
     Ok(json_response(StatusCode::CREATED, &out, &[]))
 }
 
@@ -526,6 +536,7 @@ async fn resource_request(
     headers: &HeaderMap,
     query: &HashMap<String, String>,
     rp: ResourcePath,
+    user: Option<&crate::authn::UserInfo>,
     body: Body,
 ) -> ApiResult<Response> {
     let Some(served) = resources::find(&rp.group, &rp.version, &rp.resource) else {
@@ -561,6 +572,11 @@ async fn resource_request(
     let name = rp.name.clone().unwrap_or_default();
     let reg = &state.registry;
     let table = wants_table(headers);
+    // Admission that depends on who asks: escalation prevention, NodeRestriction.
+    let admit = crate::authz::write_admission(&state.authz, user, &rp);
+    let write_options = |query: &HashMap<String, String>| -> ApiResult<WriteOptions> {
+        Ok(WriteOptions { admit: admit.clone(), ..write_options(query)? })
+    };
     // Stored as served and no table asked for: the stored bytes answer as they are.
     let raw_ok = codec.view.is_none() && !table;
 

@@ -6,6 +6,7 @@
 //! Each controller is a module whose decisions are pure functions (unit-tested) and
 //! whose reconcile function is a thin I/O shell over them.
 
+mod clusterroleaggregation;
 mod cronjob;
 mod daemonset;
 mod deployment;
@@ -74,6 +75,7 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("statefulset", true),
     ("daemonset", true),
     ("podgc", true),
+    ("clusterrole-aggregation", true),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -301,6 +303,9 @@ async fn main() -> anyhow::Result<()> {
                     None => String::new(),
                 };
                 tasks.spawn(rootcacertpublisher::run(client.clone(), ca));
+            }
+            "clusterrole-aggregation" => {
+                tasks.spawn(clusterroleaggregation::run(client.clone()));
             }
             "disruption" => {
                 tasks.spawn(disruption::run(client.clone(), pods.clone()));

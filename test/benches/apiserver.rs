@@ -359,14 +359,7 @@ fn main() {
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let wants = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
 
-    // The release apiserver: benchmarks measure what users run. BENCH_APISERVER_BIN
-    // benchmarks another build instead (e.g. an older one, for before/after figures).
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    if let Ok(bin) = std::env::var("BENCH_APISERVER_BIN") {
-        std::env::set_var("MINIK8S_APISERVER_BIN", bin);
-    } else {
-        build_release_apiserver(&root);
-    }
+    e2e::use_release_apiserver();
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     println!("apiserver benchmark: {:?} per rate figure", seconds());
@@ -395,16 +388,4 @@ fn main() {
         f.print("etcd");
         println!("  apiserver resident memory now: {:.0} MB", server.pid().map_or(0.0, rss_mb));
     }
-}
-
-fn build_release_apiserver(root: &std::path::Path) {
-    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "-q", "--release", "-p", "apiserver"])
-        .current_dir(root)
-        .status()
-        .expect("cargo build --release -p apiserver");
-    assert!(status.success(), "building the release apiserver failed");
-    let target =
-        std::env::var("CARGO_TARGET_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| root.join("target"));
-    std::env::set_var("MINIK8S_APISERVER_BIN", target.join("release/apiserver"));
 }

@@ -14,6 +14,8 @@ pub mod kubeproxy;
 
 pub mod kubelet;
 
+pub mod tls;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -217,11 +219,7 @@ impl ApiServer {
             .env("KUBECONFIG", "/dev/null")
             .output()
             .context("running kubectl")?;
-        Ok(KubectlOutput {
-            ok: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        })
+        Ok(out.into())
     }
 }
 
@@ -236,6 +234,34 @@ pub struct KubectlOutput {
     pub ok: bool,
     pub stdout: String,
     pub stderr: String,
+}
+
+impl From<std::process::Output> for KubectlOutput {
+    fn from(out: std::process::Output) -> Self {
+        KubectlOutput {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// For benchmarks: build the release apiserver and have [`ApiServer`] start it (they
+/// measure what users run), unless `BENCH_APISERVER_BIN` names another build (e.g. an
+/// older one, for before/after figures).
+pub fn use_release_apiserver() {
+    if let Ok(bin) = std::env::var("BENCH_APISERVER_BIN") {
+        std::env::set_var("MINIK8S_APISERVER_BIN", bin);
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "-q", "--release", "-p", "apiserver"])
+        .current_dir(&root)
+        .status()
+        .expect("cargo build --release -p apiserver");
+    assert!(status.success(), "building the release apiserver failed");
+    std::env::set_var("MINIK8S_APISERVER_BIN", target_dir().join("release/apiserver"));
 }
 
 /// The official kubectl: `MINIK8S_KUBECTL`, else /usr/bin/kubectl (google-cloud-cli).

@@ -34,6 +34,31 @@ pub struct WriteOptions {
     pub field_validation: FieldValidation,
     /// managedFields a create starts with (server-side apply); client-sent ones are dropped.
     pub managed_fields: Option<Value>,
+    /// Validating admission that depends on who asks (the request path builds it): sees
+    /// the object about to be stored, valid, and the stored one on an update.
+    pub admit: Option<Admit>,
+}
+
+/// A request's validating admission check (see [`WriteOptions::admit`]).
+#[derive(Clone)]
+pub struct Admit(pub Arc<AdmitFn>);
+
+/// (object to store, stored object on an update) → admitted or refused.
+pub type AdmitFn = dyn Fn(&Value, Option<&Value>) -> ApiResult<()> + Send + Sync;
+
+impl std::fmt::Debug for Admit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Admit")
+    }
+}
+
+impl WriteOptions {
+    fn admit(&self, new: &Value, old: Option<&Value>) -> ApiResult<()> {
+        match &self.admit {
+            Some(Admit(check)) => check(new, old),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A write's result.
@@ -712,6 +737,7 @@ impl Registry {
             if !errs.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, &name, errs));
             }
+            opts.admit(&obj, None)?;
             if res.namespaced {
                 self.namespaces.admit_create(res, ns, &name).await?;
             }
@@ -926,6 +952,7 @@ impl Registry {
             if !errs.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, name, errs));
             }
+            opts.admit(&new, Some(&old))?;
             let (mut compares, mut ops) = (vec![(key.clone(), kv.mod_revision)], vec![]);
             if kind == UpdateKind::Main {
                 let (c, o) = self.side_writes(res, Some(&old), Some(&mut new)).await?;

@@ -261,9 +261,6 @@ pub struct VolumePlan {
 pub fn sync_volume(v: &PersistentVolume, claim: Option<&PersistentVolumeClaim>) -> VolumePlan {
     let phase = volume_phase(v);
     let to = |p: &'static str| VolumePlan { phase: (phase != p).then_some(p), ..Default::default() };
-    if v.metadata.deletion_timestamp.is_some() {
-        return VolumePlan::default();
-    }
     let Some(r) = v.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else { return to("Available") };
     let uid = r.uid.as_deref().unwrap_or("");
     if uid.is_empty() {
@@ -275,6 +272,10 @@ pub fn sync_volume(v: &PersistentVolume, claim: Option<&PersistentVolumeClaim>) 
             // The claim is gone: Released, then the reclaim policy.
             if phase == "Failed" {
                 return VolumePlan::default();
+            }
+            if v.metadata.deletion_timestamp.is_some() {
+                // Being deleted: Released (so pv-protection lets it go), no reclaim of its own.
+                return VolumePlan { phase: (phase != "Released").then_some("Released"), ..Default::default() };
             }
             let policy =
                 v.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref()).unwrap_or("Retain");
@@ -813,6 +814,13 @@ mod tests {
         let mut recreated = c.clone();
         recreated.metadata.uid = Some("new".into());
         assert_eq!(sync_volume(&retain, Some(&recreated)).phase, Some("Released"));
+        // A volume deleted with its claim is Released (pv-protection then drops its finalizer)
+        // and reclaims nothing itself.
+        let mut deleting = retain.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::testutil::now()));
+        let p = sync_volume(&deleting, None);
+        assert_eq!((p.phase, p.reclaim, p.unbind), (Some("Released"), None, false));
         let mut delete = v.clone();
         delete.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Delete".into());
         assert!(matches!(sync_volume(&delete, None).reclaim, Some(Reclaim::Fail("VolumeFailedDelete", _))));

@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::Api;
-use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
+use kube::runtime::{reflector, watcher};
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
@@ -53,6 +53,9 @@ pub struct Kubelet {
     pub stats: Arc<crate::stats::Cache>,
     /// ServiceAccount tokens of the pods' projected volumes.
     pub tokens: crate::tokens::Manager,
+    /// Every Service, from one watch: their environment variables (`envvars.rs`) cost no
+    /// request per pod sync.
+    pub services: reflector::Store<Service>,
 }
 
 impl Kubelet {
@@ -70,6 +73,9 @@ impl Kubelet {
         pod_worker: PodWorker,
     ) -> Arc<Kubelet> {
         let events = crate::events::Events::new(client.clone(), &node);
+        let (services, writer) = reflector::store();
+        let stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default()).default_backoff();
+        tokio::spawn(reflector(writer, stream).for_each(|_| async {}));
         Arc::new(Kubelet {
             events,
             client,
@@ -88,6 +94,7 @@ impl Kubelet {
             dns,
             stats: Default::default(),
             tokens: Default::default(),
+            services,
         })
     }
 

@@ -23,8 +23,8 @@ pub struct ConfigError(pub String);
 pub struct Lookups {
     pub config_maps: HashMap<String, Option<ConfigMap>>,
     pub secrets: HashMap<String, Option<Secret>>,
-    /// The Services of the pod's namespace and the `kubernetes` Service of `default`
-    /// ([`crate::envvars`]).
+    /// The Services of the pod's namespace and of `default`; [`crate::envvars::visible`]
+    /// picks those the pod sees.
     pub services: Vec<Service>,
     /// ServiceAccount tokens of the projected volumes, by (audience, expirationSeconds).
     pub tokens: HashMap<(String, i64), String>,

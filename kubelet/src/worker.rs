@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, PodStatus, Secret, Service,
+    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, PodStatus, Secret,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
@@ -301,12 +301,6 @@ async fn fetch_lookups(k: &Kubelet, pod: &Pod) -> Result<Lookups> {
         let v = s_api.get_opt(&n).await.with_context(|| format!("getting secret {ns}/{n}"))?;
         l.secrets.insert(n, v);
     }
-    // The Services' environment variables (envvars.rs): the namespace's, with service links
-    // on, and the apiserver's `kubernetes` Service in `default`.
-    if pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true) {
-        let list = Api::<Service>::namespaced(k.client.clone(), &ns).list(&Default::default()).await;
-        l.services.extend(list.with_context(|| format!("listing the services of {ns}"))?.items);
-    }
     let account = pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into());
     for (audience, expiration_seconds) in crate::tokens::sources(pod) {
         let key = crate::tokens::Key {
@@ -319,10 +313,17 @@ async fn fetch_lookups(k: &Kubelet, pod: &Pod) -> Result<Lookups> {
         let token = k.tokens.get(&k.client, pod, &key).await?;
         l.tokens.insert((audience, expiration_seconds), token);
     }
-    if ns != "default" || l.services.is_empty() {
-        let api = Api::<Service>::namespaced(k.client.clone(), "default");
-        l.services.extend(api.get_opt("kubernetes").await.context("getting service default/kubernetes")?);
-    }
+    // The Services' environment variables (envvars.rs), from the kubelet's Service cache (as
+    // upstream, pods wait for it to be filled once): the namespace's and `default`'s, which
+    // `envvars::visible` narrows to what the pod sees.
+    k.services.wait_until_ready().await.context("the Service cache")?;
+    l.services = k
+        .services
+        .state()
+        .iter()
+        .filter(|s| matches!(s.metadata.namespace.as_deref(), Some(n) if n == ns || n == "default"))
+        .map(|s| s.as_ref().clone())
+        .collect();
     Ok(l)
 }
 

@@ -48,7 +48,8 @@ impl Issuer {
         Issuer { keys, issuers, audiences, max_expiration, jwks_uri }
     }
 
-    /// The user a valid token names: (user name, service account uid, groups, claims).
+    /// The claims of a token this issuer's keys signed, for this apiserver's issuers and
+    /// audiences, valid at `now`.
     pub fn verify(&self, jwt: &str, now: i64) -> Result<token::Claims, token::TokenError> {
         token::verify(&self.keys, jwt, &self.issuers, &self.audiences, now)
     }

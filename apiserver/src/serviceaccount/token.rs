@@ -54,11 +54,6 @@ pub fn user_name(namespace: &str, name: &str) -> String {
     format!("system:serviceaccount:{namespace}:{name}")
 }
 
-/// The groups of a service account's user.
-pub fn groups(namespace: &str) -> Vec<String> {
-    vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{namespace}")]
-}
-
 /// The claims of a new token.
 pub fn claims(
     issuer: &str,

@@ -37,6 +37,7 @@ pub mod selectors;
 pub mod serve;
 pub mod server;
 pub mod table;
+pub mod tls;
 pub mod validation;
 pub mod views;
 pub mod watch;

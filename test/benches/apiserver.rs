@@ -14,7 +14,6 @@
 //! client call answered by a bare HTTP server, the most any apiserver could do. `memory`: the apiserver's resident
 //! set at start and with 100 and 500 pods.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,31 +58,7 @@ where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    let op = Arc::new(op);
-    let counter = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let deadline = start + seconds();
-    let mut tasks = Vec::new();
-    for _ in 0..concurrency {
-        let (op, counter) = (op.clone(), counter.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            while Instant::now() < deadline {
-                let n = counter.fetch_add(1, Ordering::Relaxed);
-                let t = Instant::now();
-                op(n).await;
-                lat.push(t.elapsed().as_secs_f64() * 1000.0);
-            }
-            lat
-        }));
-    }
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.extend(t.await.expect("bench task"));
-    }
-    let rate = lat.len() as f64 / start.elapsed().as_secs_f64();
-    lat.sort_by(|a, b| a.total_cmp(b));
-    (rate, lat)
+    e2e::load(concurrency, seconds(), op).await
 }
 
 /// Pod creates (named `prefix<n>`) from `concurrency` clients: (creates/s, sorted latencies ms).
@@ -361,12 +336,7 @@ fn main() {
 
     // The release apiserver: benchmarks measure what users run. BENCH_APISERVER_BIN
     // benchmarks another build instead (e.g. an older one, for before/after figures).
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    if let Ok(bin) = std::env::var("BENCH_APISERVER_BIN") {
-        std::env::set_var("MINIK8S_APISERVER_BIN", bin);
-    } else {
-        build_release_apiserver(&root);
-    }
+    e2e::bench_apiserver();
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     println!("apiserver benchmark: {:?} per rate figure", seconds());
@@ -395,16 +365,4 @@ fn main() {
         f.print("etcd");
         println!("  apiserver resident memory now: {:.0} MB", server.pid().map_or(0.0, rss_mb));
     }
-}
-
-fn build_release_apiserver(root: &std::path::Path) {
-    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "-q", "--release", "-p", "apiserver"])
-        .current_dir(root)
-        .status()
-        .expect("cargo build --release -p apiserver");
-    assert!(status.success(), "building the release apiserver failed");
-    let target =
-        std::env::var("CARGO_TARGET_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| root.join("target"));
-    std::env::set_var("MINIK8S_APISERVER_BIN", target.join("release/apiserver"));
 }

@@ -1,4 +1,13 @@
-//! Static token authentication: `--token-auth-file`, Kubernetes' token file format.
+//! Authentication: x509 client certificates (`--client-ca-file`), then static tokens
+//! (`--token-auth-file`), in Kubernetes' order.
+//!
+//! x509: the secure port's TLS handshake verifies a presented client certificate against the
+//! client CA (`tls.rs`); the verified certificate's subject names the user — CN the name, O
+//! the groups, no uid — ([`user_of_certificate`]), and the listener puts it on every request
+//! of that connection as a [`CertificateUser`]. A certificate without a CN authenticates
+//! nobody (as upstream).
+//!
+//! Tokens: Kubernetes' token file format.
 //!
 //! The file is CSV, one user a line: `token,user,uid[,"group1,group2"]` (at least three
 //! columns; an empty token is skipped; a repeated token keeps its last line), exactly as
@@ -25,12 +34,29 @@ use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
 
-/// Who a token belongs to.
+/// Who a request comes from: a token's user or a client certificate's subject. The
+/// authentication layer puts it into the request's extensions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UserInfo {
     pub name: String,
     pub uid: String,
     pub groups: Vec<String>,
+}
+
+/// The user of a connection's verified client certificate, set on each of its requests by
+/// the TLS listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertificateUser(pub UserInfo);
+
+/// The user a verified client certificate (DER) names: CN the user, O the groups (the x509
+/// authenticator's rule). `None` without a CN, or for bytes that are no certificate.
+pub fn user_of_certificate(der: &[u8]) -> Option<UserInfo> {
+    let info = common::pki::inspect(der).ok()?;
+    (!info.common_name.is_empty()).then(|| UserInfo {
+        name: info.common_name,
+        uid: String::new(),
+        groups: info.organizations,
+    })
 }
 
 /// The users of a token file, by the digest of their token.
@@ -143,8 +169,18 @@ pub enum Decision<'a> {
     Unauthorized,
 }
 
-/// The authentication decision for a request (pure).
-pub fn decide<'a>(auth: &'a TokenAuthenticator, path: &str, authorization: Option<&HeaderValue>) -> Decision<'a> {
+/// The authentication decision for a request (pure): a verified client certificate's user
+/// first, then a bearer token of the token file (if there is one), else anonymous on a
+/// public path.
+pub fn decide<'a>(
+    certificate: Option<&'a UserInfo>,
+    tokens: Option<&'a TokenAuthenticator>,
+    path: &str,
+    authorization: Option<&HeaderValue>,
+) -> Decision<'a> {
+    if let Some(user) = certificate {
+        return Decision::User(user);
+    }
     let token = match authorization {
         None => None,
         // A header that is not text cannot hold a valid token.
@@ -154,7 +190,7 @@ pub fn decide<'a>(auth: &'a TokenAuthenticator, path: &str, authorization: Optio
         },
     };
     match token {
-        Some(t) => match (!t.is_empty()).then(|| auth.lookup(t)).flatten() {
+        Some(t) => match tokens.filter(|_| !t.is_empty()).and_then(|a| a.lookup(t)) {
             Some(user) => Decision::User(user),
             None => Decision::Unauthorized,
         },
@@ -168,8 +204,10 @@ pub fn unauthorized() -> Response {
     ApiError::new(401, "Unauthorized", "Unauthorized").into_response()
 }
 
-async fn authenticate(State(auth): State<Arc<TokenAuthenticator>>, mut req: Request, next: Next) -> Response {
-    let user = match decide(&auth, req.uri().path(), req.headers().get(axum::http::header::AUTHORIZATION)) {
+async fn authenticate(State(tokens): State<Option<Arc<TokenAuthenticator>>>, mut req: Request, next: Next) -> Response {
+    let certificate = req.extensions().get::<CertificateUser>().map(|c| &c.0);
+    let authorization = req.headers().get(axum::http::header::AUTHORIZATION);
+    let user = match decide(certificate, tokens.as_deref(), req.uri().path(), authorization) {
         Decision::User(user) => Some(user.clone()),
         Decision::Anonymous => None,
         Decision::Unauthorized => {
@@ -183,9 +221,10 @@ async fn authenticate(State(auth): State<Arc<TokenAuthenticator>>, mut req: Requ
     next.run(req).await
 }
 
-/// Put token authentication in front of every route of `router` (fallback included).
-pub fn layer(router: Router, auth: Arc<TokenAuthenticator>) -> Router {
-    router.layer(middleware::from_fn_with_state(auth, authenticate))
+/// Put authentication in front of every route of `router` (fallback included): client
+/// certificates (on the TLS listener) and the token file's tokens, if any.
+pub fn layer(router: Router, tokens: Option<Arc<TokenAuthenticator>>) -> Router {
+    router.layer(middleware::from_fn_with_state(tokens, authenticate))
 }
 
 #[cfg(test)]
@@ -266,28 +305,29 @@ mod tests {
 
     #[test]
     fn decisions() {
-        let a = auth();
+        let auth = auth();
+        let a = Some(&auth);
         let h = |s: &str| HeaderValue::from_str(s).unwrap();
         assert!(
-            matches!(decide(&a, "/api/v1/pods", Some(&h("Bearer s3cr3t"))), Decision::User(u) if u.name == "admin")
+            matches!(decide(None, a, "/api/v1/pods", Some(&h("Bearer s3cr3t"))), Decision::User(u) if u.name == "admin")
         );
-        assert_eq!(decide(&a, "/api/v1/pods", None), Decision::Unauthorized);
-        assert_eq!(decide(&a, "/api/v1/pods", Some(&h("Bearer wrong"))), Decision::Unauthorized);
-        assert_eq!(decide(&a, "/api/v1/pods", Some(&h("Bearer "))), Decision::Unauthorized);
-        assert_eq!(decide(&a, "/api/v1/pods", Some(&h("Basic YWRtaW46cHc="))), Decision::Unauthorized);
-        assert_eq!(decide(&a, "/readyz", None), Decision::Anonymous);
-        assert_eq!(decide(&a, "/version", Some(&h("Basic YWRtaW46cHc="))), Decision::Anonymous);
-        assert_eq!(decide(&a, "/healthz", Some(&h("Bearer wrong"))), Decision::Unauthorized);
-        assert!(matches!(decide(&a, "/livez", Some(&h("Bearer node-token"))), Decision::User(_)));
+        assert_eq!(decide(None, a, "/api/v1/pods", None), Decision::Unauthorized);
+        assert_eq!(decide(None, a, "/api/v1/pods", Some(&h("Bearer wrong"))), Decision::Unauthorized);
+        assert_eq!(decide(None, a, "/api/v1/pods", Some(&h("Bearer "))), Decision::Unauthorized);
+        assert_eq!(decide(None, a, "/api/v1/pods", Some(&h("Basic YWRtaW46cHc="))), Decision::Unauthorized);
+        assert_eq!(decide(None, a, "/readyz", None), Decision::Anonymous);
+        assert_eq!(decide(None, a, "/version", Some(&h("Basic YWRtaW46cHc="))), Decision::Anonymous);
+        assert_eq!(decide(None, a, "/healthz", Some(&h("Bearer wrong"))), Decision::Unauthorized);
+        assert!(matches!(decide(None, a, "/livez", Some(&h("Bearer node-token"))), Decision::User(_)));
         let binary = HeaderValue::from_bytes(b"Bearer \xff").unwrap();
-        assert_eq!(decide(&a, "/api", Some(&binary)), Decision::Unauthorized);
+        assert_eq!(decide(None, a, "/api", Some(&binary)), Decision::Unauthorized);
     }
 
     #[test]
     fn an_empty_file_lets_nobody_in() {
         let a = TokenAuthenticator::parse(b"", "f").unwrap();
         assert!(a.is_empty());
-        assert_eq!(decide(&a, "/api", Some(&HeaderValue::from_static("Bearer x"))), Decision::Unauthorized);
+        assert_eq!(decide(None, Some(&a), "/api", Some(&HeaderValue::from_static("Bearer x"))), Decision::Unauthorized);
     }
 
     #[tokio::test]
@@ -298,7 +338,7 @@ mod tests {
 
         let router = layer(
             Router::new().route("/api", get(|| async { "api" })).route("/healthz", get(|| async { "ok" })),
-            Arc::new(auth()),
+            Some(Arc::new(auth())),
         );
         let call = |path: &str, token: Option<&str>| {
             let mut req = Request::builder().uri(path);
@@ -321,5 +361,75 @@ mod tests {
         assert_eq!(call("/nowhere", None).await.unwrap().status(), 401, "the fallback is guarded too");
         assert_eq!(call("/api", Some("s3cr3t")).await.unwrap().status(), 200);
         assert_eq!(call("/healthz", None).await.unwrap().status(), 200);
+    }
+
+    fn certificate(cn: &str, group: Option<&str>) -> Vec<u8> {
+        let now = time::OffsetDateTime::now_utc();
+        let ca = common::pki::Ca::generate(now).unwrap();
+        let groups: Vec<&str> = group.into_iter().collect();
+        let leaf = common::pki::Leaf::client("x", cn, &groups);
+        let (pem, _) = ca.issue(&leaf, now).unwrap();
+        common::pki::pem_to_der(&pem).unwrap()
+    }
+
+    #[test]
+    fn a_client_certificate_names_the_user_and_its_groups() {
+        assert_eq!(
+            user_of_certificate(&certificate("kubernetes-admin", Some("system:masters"))),
+            Some(UserInfo {
+                name: "kubernetes-admin".into(),
+                uid: String::new(),
+                groups: vec!["system:masters".into()]
+            })
+        );
+        let node = user_of_certificate(&certificate("system:node:n1", Some("system:nodes"))).unwrap();
+        assert_eq!((node.name.as_str(), node.groups.as_slice()), ("system:node:n1", &["system:nodes".to_string()][..]));
+        assert_eq!(user_of_certificate(&certificate("jane", None)).unwrap().groups, Vec::<String>::new());
+        assert_eq!(user_of_certificate(&certificate("", Some("g"))), None, "no CN: nobody");
+        assert_eq!(user_of_certificate(b"garbage"), None);
+    }
+
+    #[test]
+    fn the_certificate_comes_before_tokens() {
+        let tokens = auth();
+        let jane = UserInfo { name: "jane".into(), uid: String::new(), groups: vec![] };
+        let wrong = HeaderValue::from_static("Bearer wrong");
+        assert_eq!(decide(Some(&jane), Some(&tokens), "/api", Some(&wrong)), Decision::User(&jane));
+        assert_eq!(decide(Some(&jane), None, "/api", None), Decision::User(&jane));
+        // Certificates only (no token file): no certificate is 401 but on public paths.
+        assert_eq!(decide(None, None, "/api", None), Decision::Unauthorized);
+        assert_eq!(
+            decide(None, None, "/api", Some(&HeaderValue::from_static("Bearer s3cr3t"))),
+            Decision::Unauthorized
+        );
+        assert_eq!(decide(None, None, "/healthz", None), Decision::Anonymous);
+    }
+
+    #[tokio::test]
+    async fn the_layer_takes_the_certificate_user_of_the_connection() {
+        use axum::body::Body;
+        use axum::routing::get;
+        use tower::ServiceExt;
+
+        let router = layer(
+            Router::new().route(
+                "/api",
+                get(|req: Request| async move {
+                    req.extensions().get::<UserInfo>().map(|u| u.name.clone()).unwrap_or_default()
+                }),
+            ),
+            None,
+        );
+        let mut req = Request::builder().uri("/api").body(Body::empty()).unwrap();
+        req.extensions_mut().insert(CertificateUser(UserInfo {
+            name: "jane".into(),
+            uid: String::new(),
+            groups: vec![],
+        }));
+        let resp = router.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(&axum::body::to_bytes(resp.into_body(), 1024).await.unwrap()[..], b"jane");
+        let resp = router.oneshot(Request::builder().uri("/api").body(Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), 401);
     }
 }

@@ -40,6 +40,7 @@ pub mod serve;
 pub mod server;
 pub mod serviceaccount;
 pub mod table;
+pub mod tls;
 pub mod validation;
 pub mod views;
 pub mod watch;

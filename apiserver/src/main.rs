@@ -13,9 +13,25 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     bind_address: String,
-    /// Port to serve plain HTTP on.
+    /// Port to serve plain HTTP on (0: none). Without --tls-cert-file it defaults to 6443;
+    /// with it there is no plain-HTTP listener unless this is given.
+    #[arg(long)]
+    port: Option<u16>,
+    /// Port to serve HTTPS on, with --tls-cert-file.
     #[arg(long, default_value_t = 6443)]
-    port: u16,
+    secure_port: u16,
+    /// File containing the default x509 certificate for HTTPS (the CA certificates after the
+    /// server's, if any). Enables the secure port.
+    #[arg(long)]
+    tls_cert_file: Option<PathBuf>,
+    /// File containing the default x509 private key matching --tls-cert-file.
+    #[arg(long)]
+    tls_private_key_file: Option<PathBuf>,
+    /// If set, any request presenting a client certificate signed by one of the authorities in
+    /// this file is authenticated with an identity corresponding to the CommonName of the
+    /// client certificate (and its Organizations as groups).
+    #[arg(long)]
+    client_ca_file: Option<PathBuf>,
     /// Directory of the embedded store (a SQLite file inside it).
     #[arg(long, default_value = "/var/lib/minik8s")]
     data_dir: PathBuf,
@@ -136,6 +152,26 @@ async fn main() -> anyhow::Result<()> {
 
     let authorization_modes = apiserver::authz::parse_modes(&args.authorization_mode)
         .map_err(|e| anyhow::anyhow!("invalid --authorization-mode: {e}"))?;
+    let tls = match (&args.tls_cert_file, &args.tls_private_key_file) {
+        (Some(cert), Some(key)) => Some(apiserver::tls::server_config(&apiserver::tls::TlsFiles {
+            cert,
+            key,
+            client_ca: args.client_ca_file.as_deref(),
+        })?),
+        (None, None) => None,
+        _ => anyhow::bail!("--tls-cert-file and --tls-private-key-file must be given together"),
+    };
+    anyhow::ensure!(
+        tls.is_some() || args.client_ca_file.is_none(),
+        "--client-ca-file needs the secure port (--tls-cert-file and --tls-private-key-file)"
+    );
+    // Plain HTTP: 6443 by default without TLS, only on request with it.
+    let plain_port = match (args.port, &tls) {
+        (Some(p), _) => p,
+        (None, None) => 6443,
+        (None, Some(_)) => 0,
+    };
+    let served_port = if tls.is_some() { args.secure_port } else { plain_port };
     let authn = match &args.token_auth_file {
         Some(path) => {
             let auth = apiserver::authn::TokenAuthenticator::load(path)?;
@@ -158,9 +194,9 @@ async fn main() -> anyhow::Result<()> {
     let _compactor = (!interval.is_zero()).then(|| storage::spawn_compactor(store.clone(), interval));
 
     let advertise = if args.bind_address == "0.0.0.0" || args.bind_address == "::" {
-        format!("127.0.0.1:{}", args.port)
+        format!("127.0.0.1:{served_port}")
     } else {
-        format!("{}:{}", args.bind_address, args.port)
+        format!("{}:{served_port}", args.bind_address)
     };
     let watch_bookmark_interval = apiserver::parse_go_duration(&args.watch_bookmark_interval)
         .map_err(|e| anyhow::anyhow!("invalid --watch-bookmark-interval: {e}"))?;
@@ -171,7 +207,7 @@ async fn main() -> anyhow::Result<()> {
         max_requests_inflight: args.max_requests_inflight,
         max_mutating_requests_inflight: args.max_mutating_requests_inflight,
         advertise_address: advertise,
-        port: args.port,
+        port: served_port,
         watch_bookmark_interval,
         watch_cache_size: args.default_watch_cache_size,
         tokens: authn.clone(),
@@ -198,11 +234,17 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     apiserver::start_authorization(&state).await.context("starting authorization")?;
-    let addr: SocketAddr = format!("{}:{}", args.bind_address, args.port)
-        .parse()
-        .with_context(|| format!("invalid --bind-address {:?}", args.bind_address))?;
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-    tracing::info!(%addr, "serving the Kubernetes API over plain HTTP");
+    let listen = |port: u16| {
+        let bind = args.bind_address.clone();
+        async move {
+            let addr: SocketAddr =
+                format!("{bind}:{port}").parse().with_context(|| format!("invalid --bind-address {bind:?}"))?;
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))
+                .map(|l| (l, addr))
+        }
+    };
     if args.insecure_port != 0 {
         let addr: SocketAddr = format!("{}:{}", args.insecure_bind_address, args.insecure_port)
             .parse()
@@ -213,16 +255,29 @@ async fn main() -> anyhow::Result<()> {
         let app = apiserver::authz::insecure(apiserver::server::router(state.clone()));
         tokio::spawn(apiserver::serve::serve(listener, app, shutdown_signal(), apiserver::serve::IDLE_TIMEOUT));
     }
+    // Authentication outside authorization: the authorizer reads the user it put in.
     let authz = state.authz.clone();
     let mut app = apiserver::authz::layer(apiserver::server::router(state), authz);
-    if let Some(auth) = authn {
-        app = apiserver::authn::layer(app, auth);
+    if authn.is_some() || args.client_ca_file.is_some() {
+        app = apiserver::authn::layer(app, authn);
     }
+    let idle = apiserver::serve::IDLE_TIMEOUT;
+    let mut servers: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = Vec::new();
+    if let Some(config) = tls {
+        let (listener, addr) = listen(args.secure_port).await?;
+        tracing::info!(%addr, client_ca = ?args.client_ca_file, "serving the Kubernetes API over HTTPS");
+        servers.push(Box::pin(apiserver::serve::serve_tls(listener, app.clone(), config, shutdown_signal(), idle)));
+    }
+    if plain_port != 0 {
+        let (listener, addr) = listen(plain_port).await?;
+        tracing::info!(%addr, "serving the Kubernetes API over plain HTTP");
+        servers.push(Box::pin(apiserver::serve::serve(listener, app, shutdown_signal(), idle)));
+    }
+    anyhow::ensure!(!servers.is_empty(), "no listener: --port 0 without --tls-cert-file");
     // Graceful shutdown lets requests finish, but a watch never finishes on its own: after
     // the signal, open connections get SHUTDOWN_GRACE and are then dropped with the process.
-    let server = apiserver::serve::serve(listener, app, shutdown_signal(), apiserver::serve::IDLE_TIMEOUT);
     tokio::select! {
-        _ = server => {}
+        _ = futures::future::join_all(servers) => {}
         _ = async { shutdown_signal().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
             tracing::info!(grace = ?SHUTDOWN_GRACE, "closing the connections still open (watches)");
         }

@@ -9,9 +9,15 @@
 //! A watch or a long response is not idle: the timer runs only while waiting for a request.
 //! A connection that sends nothing at all gets the same limit for its first byte (hyper's
 //! timer only starts once it knows the connection is HTTP/1, from those bytes).
+//!
+//! [`serve_tls`] is the secure port: each connection's TLS handshake runs in its own task
+//! (bounded by the same limit), a plain-HTTP request gets Go's 400 answer
+//! ([`crate::tls::HTTP_ON_HTTPS_PORT`]), and the user of a verified client certificate goes
+//! with every request of the connection ([`crate::authn::CertificateUser`]).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,10 +29,12 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 use tower::ServiceExt;
+
+use crate::authn::CertificateUser;
 
 /// How long a keep-alive connection may wait for its next request (kube-apiserver: 90 s).
 /// Also bounds how long a client may take to send a request's headers.
@@ -35,9 +43,32 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Serve `app` on `listener` until `shutdown` completes; then stop accepting, let requests
 /// in flight finish, and return once every connection has closed.
 pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Output = ()>, idle_timeout: Duration) {
+    serve_with(listener, app, None, shutdown, idle_timeout).await
+}
+
+/// [`serve`] over TLS with `config`.
+pub async fn serve_tls(
+    listener: TcpListener,
+    app: Router,
+    config: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+    idle_timeout: Duration,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    serve_with(listener, app, Some(acceptor), shutdown, idle_timeout).await
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    app: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+    idle_timeout: Duration,
+) {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(idle_timeout);
+    let builder = Arc::new(builder);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -52,34 +83,101 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Out
             },
             _ = &mut shutdown => break,
         };
-        let service = TowerToHyperService::new(app.clone().map_request(|req: Request<Incoming>| req.map(Body::new)));
-        let stream = FirstByteTimeout::new(stream, idle_timeout);
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+        let (app, builder, watcher) = (app.clone(), builder.clone(), graceful.watcher());
+        match &tls {
+            None => {
+                let conn = serve_connection(&builder, FirstByteTimeout::new(stream, idle_timeout), app, None);
+                tokio::spawn(async move {
+                    if let Err(e) = watcher.watch(conn).await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
             }
-        });
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Some((stream, user)) = handshake(acceptor, stream, idle_timeout).await else { return };
+                    let conn = serve_connection(&builder, FirstByteTimeout::new(stream, idle_timeout), app, user);
+                    if let Err(e) = watcher.watch(conn).await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+        }
     }
     drop(listener);
     graceful.shutdown().await;
 }
 
+/// One connection's HTTP, each request carrying the connection's certificate user.
+fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    builder: &auto::Builder<TokioExecutor>,
+    stream: S,
+    app: Router,
+    user: Option<CertificateUser>,
+) -> impl hyper_util::server::graceful::GracefulConnection<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>
+{
+    let service = TowerToHyperService::new(app.map_request(move |req: Request<Incoming>| {
+        let mut req = req.map(Body::new);
+        if let Some(user) = &user {
+            req.extensions_mut().insert(user.clone());
+        }
+        req
+    }));
+    builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned()
+}
+
+/// The TLS handshake of a new connection, within `limit`: the stream and the user of a
+/// verified client certificate. `None` when the connection is not TLS or the handshake
+/// fails (answered as Go answers plain HTTP, else closed).
+async fn handshake(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    limit: Duration,
+) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, Option<CertificateUser>)> {
+    let mut first = [0u8; 1];
+    let peeked = tokio::time::timeout(limit, stream.peek(&mut first)).await;
+    if !matches!(peeked, Ok(Ok(1))) {
+        return None;
+    }
+    if crate::tls::looks_like_http(&first) {
+        let mut stream = stream;
+        let _ = tokio::time::timeout(limit, stream.write_all(crate::tls::HTTP_ON_HTTPS_PORT)).await;
+        let _ = stream.shutdown().await;
+        return None;
+    }
+    let tls = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "TLS handshake failed");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    let user = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|leaf| crate::authn::user_of_certificate(leaf))
+        .map(CertificateUser);
+    Some((tls, user))
+}
+
 /// A connection that fails with `TimedOut` if its first byte does not arrive in time.
-struct FirstByteTimeout {
-    inner: TcpStream,
+struct FirstByteTimeout<S> {
+    inner: S,
     /// Until the first byte.
     deadline: Option<Pin<Box<Sleep>>>,
 }
 
-impl FirstByteTimeout {
-    fn new(inner: TcpStream, limit: Duration) -> Self {
+impl<S> FirstByteTimeout<S> {
+    fn new(inner: S, limit: Duration) -> Self {
         FirstByteTimeout { inner, deadline: Some(Box::pin(tokio::time::sleep(limit))) }
     }
 }
 
-impl AsyncRead for FirstByteTimeout {
+impl<S: AsyncRead + Unpin> AsyncRead for FirstByteTimeout<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
@@ -100,7 +198,7 @@ impl AsyncRead for FirstByteTimeout {
     }
 }
 
-impl AsyncWrite for FirstByteTimeout {
+impl<S: AsyncWrite + Unpin> AsyncWrite for FirstByteTimeout<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }

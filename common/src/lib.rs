@@ -5,12 +5,14 @@
 //! - [`leader`]: leader election over a `coordination.k8s.io/v1` Lease;
 //! - [`events`]: core/v1 Events, written in the background;
 //! - [`memory`]: freed heap pages returned to the system now and then;
-//! - [`lock`]: process locks, so what must be unique on a host runs once.
+//! - [`lock`]: process locks, so what must be unique on a host runs once;
+//! - [`pki`]: the cluster CA, the apiserver's certificate and the identities' kubeconfigs.
 
 pub mod events;
 pub mod leader;
 pub mod lock;
 pub mod memory;
+pub mod pki;
 
 use std::net::SocketAddr;
 use std::path::Path;

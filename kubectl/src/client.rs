@@ -86,6 +86,14 @@ impl Ctx {
                 Err(e) if g.context.is_some() => {
                     return Err(KubectlError::msg(format!("context was not found for specified context: {e}")))
                 }
+                // A kubeconfig naming no usable context means kubectl's defaults; one whose
+                // certificates or key cannot be read is an error (as kubectl says it).
+                Err(
+                    e @ (kube::config::KubeconfigError::LoadCertificateAuthority(_)
+                    | kube::config::KubeconfigError::LoadClientCertificate(_)
+                    | kube::config::KubeconfigError::LoadClientKey(_)
+                    | kube::config::KubeconfigError::ParseCertificates(_)),
+                ) => return Err(KubectlError::msg(format!("error loading config file: {e}"))),
                 Err(_) => default_config(),
             },
             None => default_config(),

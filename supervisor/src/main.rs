@@ -15,7 +15,12 @@
 //!   supervisor takes them along — never two copies, never an orphan.
 //! - SIGTERM or SIGINT stops every component (reverse order: SIGTERM to the component,
 //!   SIGKILL to its process group after `--stop-grace-seconds`), then the supervisor.
+//!
+//! `minik8s-supervisor certs init|renew|kubeconfig|ca-hash` is the cluster's PKI on disk
+//! ([`certs`]): the supervisor is the one binary every machine of a cluster runs before its
+//! components, so it is where certificates are made before they are needed.
 
+mod certs;
 mod policy;
 
 use std::collections::BTreeMap;
@@ -31,12 +36,17 @@ use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(Parser, Debug)]
-#[command(name = "minik8s-supervisor", about = "Keeps a local MiniK8s cluster's components running")]
+#[command(
+    name = "minik8s-supervisor",
+    about = "Keeps a local MiniK8s cluster's components running",
+    subcommand_negates_reqs = true,
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
     /// The directory of component specs (`<name>.json`); the lock and `status.json` live
     /// there too.
-    #[arg(long)]
-    dir: PathBuf,
+    #[arg(long, required = true)]
+    dir: Option<PathBuf>,
     /// Address for /healthz and /metrics (port 0: any free port, written to status.json).
     #[arg(long, default_value = "127.0.0.1:0")]
     metrics_bind_address: String,
@@ -46,6 +56,15 @@ struct Args {
     /// Log level (or RUST_LOG).
     #[arg(long, default_value = "info")]
     log_level: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// The cluster's certificates and kubeconfigs (kubeadm-style).
+    #[command(subcommand)]
+    Certs(certs::Certs),
 }
 
 /// One supervised component and what is known of it.
@@ -222,32 +241,35 @@ fn write_status(dir: &Path, comps: &BTreeMap<String, Component>, metrics_addr: &
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     common::init_tracing(&args.log_level);
-    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
-    let _lock = common::lock::acquire(
-        &args.dir.join("supervisor.lock"),
-        &format!("a minik8s-supervisor for {}", args.dir.display()),
-    )?;
+    let dir = match (args.command, args.dir) {
+        (Some(Command::Certs(cmd)), _) => return certs::run(cmd),
+        (None, Some(dir)) => dir,
+        (None, None) => anyhow::bail!("--dir is required"),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let _lock =
+        common::lock::acquire(&dir.join("supervisor.lock"), &format!("a minik8s-supervisor for {}", dir.display()))?;
     let registry = prometheus::Registry::new();
     let metrics = Metrics::new(&registry)?;
     let ready = common::Ready::default();
     ready.set(true);
     let bound = common::serve_health(args.metrics_bind_address.parse()?, registry, ready).await?;
     let metrics_addr = bound.to_string();
-    tracing::info!(dir = %args.dir.display(), %bound, "supervising");
+    tracing::info!(dir = %dir.display(), %bound, "supervising");
     let grace = Duration::from_secs(args.stop_grace_seconds);
 
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut comps: BTreeMap<String, Component> =
-        read_specs(&args.dir)?.into_iter().map(|(n, s)| (n, Component::new(s))).collect();
+        read_specs(&dir)?.into_iter().map(|(n, s)| (n, Component::new(s))).collect();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let mut dirty = true;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = hup.recv() => {
-                let wanted = match read_specs(&args.dir) {
+                let wanted = match read_specs(&dir) {
                     Ok(w) => w,
                     Err(e) => {
                         tracing::error!(error = %e, "cannot re-read the specs; keeping the current ones");
@@ -319,7 +341,7 @@ async fn main() -> anyhow::Result<()> {
             dirty = true;
         }
         if dirty {
-            write_status(&args.dir, &comps, &metrics_addr);
+            write_status(&dir, &comps, &metrics_addr);
             dirty = false;
         }
     }
@@ -334,6 +356,6 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
-    write_status(&args.dir, &comps, &metrics_addr);
+    write_status(&dir, &comps, &metrics_addr);
     Ok(())
 }

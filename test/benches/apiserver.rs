@@ -14,7 +14,6 @@
 //! client call answered by a bare HTTP server, the most any apiserver could do. `memory`: the apiserver's resident
 //! set at start and with 100 and 500 pods.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,31 +58,7 @@ where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    let op = Arc::new(op);
-    let counter = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let deadline = start + seconds();
-    let mut tasks = Vec::new();
-    for _ in 0..concurrency {
-        let (op, counter) = (op.clone(), counter.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            while Instant::now() < deadline {
-                let n = counter.fetch_add(1, Ordering::Relaxed);
-                let t = Instant::now();
-                op(n).await;
-                lat.push(t.elapsed().as_secs_f64() * 1000.0);
-            }
-            lat
-        }));
-    }
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.extend(t.await.expect("bench task"));
-    }
-    let rate = lat.len() as f64 / start.elapsed().as_secs_f64();
-    lat.sort_by(|a, b| a.total_cmp(b));
-    (rate, lat)
+    e2e::load(concurrency, seconds(), op).await
 }
 
 /// Pod creates (named `prefix<n>`) from `concurrency` clients: (creates/s, sorted latencies ms).
@@ -359,6 +334,8 @@ fn main() {
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let wants = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
 
+    // The release apiserver: benchmarks measure what users run. BENCH_APISERVER_BIN
+    // benchmarks another build instead (e.g. an older one, for before/after figures).
     e2e::use_release_apiserver();
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");

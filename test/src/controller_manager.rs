@@ -56,8 +56,7 @@ impl ControllerManager {
         let f = std::fs::File::create(&log)?;
         let port = free_port();
         let mut cmd = Command::new(controller_manager_bin());
-        cmd.arg("--master")
-            .arg(api.url())
+        cmd.args(api.connect_args("controller-manager.conf"))
             .arg("--secure-port")
             .arg(port.to_string())
             .arg("--bind-address")

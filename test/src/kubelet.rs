@@ -252,6 +252,8 @@ pub struct Kubelet {
     pub pod_cidr: String,
     pub port: u16,
     pub server: String,
+    /// More flags (`--kubeconfig` of the node's identity).
+    extra: Vec<String>,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -259,13 +261,24 @@ pub struct Kubelet {
 impl Kubelet {
     /// Start a kubelet with a unique node name (`<prefix>-<pid>-<n>`) against `server`.
     pub fn start(server: &str, prefix: &str) -> Result<Kubelet> {
+        Self::start_named(server, &Self::node_name(prefix), &[])
+    }
+
+    /// A unique node name (`<prefix>-<pid>-<n>`), to start a kubelet under with
+    /// [`Kubelet::start_named`].
+    pub fn node_name(prefix: &str) -> String {
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
-        let node = format!("{prefix}-{}-{n}", std::process::id());
+        format!("{prefix}-{}-{n}", std::process::id())
+    }
+
+    /// Start a kubelet as node `node` against `server`, with more flags (`--kubeconfig`).
+    pub fn start_named(server: &str, node: &str, extra: &[String]) -> Result<Kubelet> {
         let mut k = Kubelet {
-            node,
+            node: node.to_string(),
             pod_cidr: free_pod_cidr(),
             port: crate::free_port(),
             server: server.to_string(),
+            extra: extra.to_vec(),
             dir: tempfile::tempdir()?,
             child: None,
         };
@@ -294,6 +307,7 @@ impl Kubelet {
             .arg("--root-dir")
             .arg(self.root_dir())
             .args(["--log-level", "info,kubelet=debug"])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -55,6 +55,55 @@ pub fn apiserver_bin() -> PathBuf {
     .clone()
 }
 
+/// Build a workspace binary once per test process (cargo's lock serializes concurrent
+/// builds) and return its path; the environment variable `env_override` names another.
+pub fn workspace_bin(package: &str, bin: &str, env_override: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(env_override) {
+        return PathBuf::from(p);
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-q", "-p", package, "--bin", bin])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cargo build -p {package}: {e}"));
+    assert!(status.success(), "cargo build -p {package} failed");
+    let path = target_dir().join("debug").join(bin);
+    assert!(path.exists(), "{} missing after build", path.display());
+    path
+}
+
+/// `minik8s-supervisor` (whose `certs` command makes a cluster's PKI);
+/// `MINIK8S_SUPERVISOR_BIN` overrides it.
+pub fn supervisor_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| workspace_bin("supervisor", "minik8s-supervisor", "MINIK8S_SUPERVISOR_BIN")).clone()
+}
+
+/// `minik8s-supervisor certs init --dir DIR --server SERVER --node N…`: a cluster CA, the
+/// apiserver's certificate and every identity's kubeconfig (`admin.conf`, `scheduler.conf`,
+/// `controller-manager.conf`, `kube-proxy.conf`, `kubelet-<node>.conf`).
+pub fn certs_init(dir: &Path, server: &str, nodes: &[&str]) -> Result<()> {
+    let mut cmd = Command::new(supervisor_bin());
+    cmd.args(["certs", "init", "--dir"]).arg(dir).args(["--server", server]);
+    for n in nodes {
+        cmd.args(["--node", n]);
+    }
+    let out = cmd.output().context("running minik8s-supervisor certs init")?;
+    if !out.status.success() {
+        bail!("certs init failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// The secure port of a test apiserver and the PKI it was started with.
+#[derive(Clone, Debug)]
+pub struct Tls {
+    pub secure_port: u16,
+    /// `certs init`'s directory: `ca.crt`, the identities' kubeconfigs, ….
+    pub pki: PathBuf,
+}
+
 /// Exclusive use of the host for a test that runs a cluster with `scripts/cluster` (its
 /// kubelets are named `node-N` on the shared Docker engine, its kubeproxy owns the host's
 /// Service rules): waits for any other such test, in any test binary. Hold the returned
@@ -84,10 +133,13 @@ pub struct ApiServer {
     pub port: u16,
     pub data_dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
+    _pki: Option<tempfile::TempDir>,
     child: Option<Child>,
     pub extra_args: Vec<String>,
     /// The apiserver's own etcd under `MINIK8S_E2E_BACKEND=etcd` (stopped after it).
     _etcd: Option<storage::etcd_test_server::EtcdServer>,
+    /// With [`ApiServer::start_tls`]: the secure port and its PKI.
+    pub tls: Option<Tls>,
 }
 
 impl ApiServer {
@@ -113,12 +165,64 @@ impl ApiServer {
             port: free_port(),
             data_dir: tmp.path().to_path_buf(),
             _tmp: Some(tmp),
+            _pki: None,
             child: None,
             extra_args,
             _etcd: etcd,
+            tls: None,
         };
         s.spawn()?;
         Ok(s)
+    }
+
+    /// Start with a fresh PKI (`certs init`, kubelet identities for `nodes`) on a secure
+    /// port with the client CA, plus `args`. The plain-HTTP port stays (readiness; it
+    /// authenticates like the secure one, without client certificates).
+    pub fn start_tls(nodes: &[&str], args: &[&str]) -> Result<Self> {
+        let secure_port = free_port();
+        let pki_tmp = tempfile::tempdir()?;
+        let pki = pki_tmp.path().join("pki");
+        certs_init(&pki, &format!("https://127.0.0.1:{secure_port}"), nodes)?;
+        let mut all: Vec<String> = vec!["--secure-port".into(), secure_port.to_string()];
+        for (flag, file) in [
+            ("--tls-cert-file", "apiserver.crt"),
+            ("--tls-private-key-file", "apiserver.key"),
+            ("--client-ca-file", "ca.crt"),
+        ] {
+            all.extend([flag.to_string(), pki.join(file).display().to_string()]);
+        }
+        all.extend(args.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        let mut s = Self::start_with(&refs)?;
+        s.tls = Some(Tls { secure_port, pki });
+        s._pki = Some(pki_tmp);
+        Ok(s)
+    }
+
+    /// The secure URL (`https://127.0.0.1:<secure port>`); panics without TLS.
+    pub fn https_url(&self) -> String {
+        let tls = self.tls.as_ref().expect("an apiserver started with start_tls");
+        format!("https://127.0.0.1:{}", tls.secure_port)
+    }
+
+    /// The kubeconfig of one identity of the PKI (`admin.conf`, `scheduler.conf`,
+    /// `kubelet-<node>.conf`, …); panics without TLS.
+    pub fn identity(&self, kubeconfig: &str) -> PathBuf {
+        self.tls.as_ref().expect("an apiserver started with start_tls").pki.join(kubeconfig)
+    }
+
+    /// The flags that point a component at this server: `--master URL` for plain HTTP;
+    /// the secure URL and the identity's kubeconfig with TLS.
+    pub fn connect_args(&self, kubeconfig: &str) -> Vec<String> {
+        match &self.tls {
+            None => vec!["--master".into(), self.url()],
+            Some(_) => vec![
+                "--master".into(),
+                self.https_url(),
+                "--kubeconfig".into(),
+                self.identity(kubeconfig).display().to_string(),
+            ],
+        }
     }
 
     pub fn url(&self) -> String {
@@ -450,6 +554,42 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
     Some(ticks / 100.0)
+}
+
+/// Run `op(n)` (n counting up) from `concurrency` tasks for `duration`, for benchmarks:
+/// (operations per second, every operation's latency in ms, sorted).
+pub async fn load<F, Fut>(concurrency: usize, duration: Duration, op: F) -> (f64, Vec<f64>)
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let op = Arc::new(op);
+    let counter = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (op, counter) = (op.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while Instant::now() < deadline {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                op(n).await;
+                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.expect("bench task"));
+    }
+    let rate = lat.len() as f64 / start.elapsed().as_secs_f64();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    (rate, lat)
 }
 
 /// Wait until `f` returns true (polling), or fail after `timeout`.

@@ -48,8 +48,7 @@ impl Scheduler {
         let log = api.data_dir.join(format!("scheduler-{port}.log"));
         let f = std::fs::File::create(&log)?;
         let child = Command::new(scheduler_bin())
-            .arg("--master")
-            .arg(api.url())
+            .args(api.connect_args("scheduler.conf"))
             .arg("--bind-address")
             .arg("127.0.0.1")
             .arg("--secure-port")

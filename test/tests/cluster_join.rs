@@ -1,12 +1,12 @@
 //! A cluster across machines, on one host: `scripts/cluster up --role server` serves the API
-//! on every address behind a token and prints a join command; that command, run from a
-//! second state directory with this host's non-loopback address, adds a node that becomes
-//! Ready (InternalIP = that address) and runs a scheduled pod whose log comes back through
-//! the apiserver. Without the token, or with a wrong one, the official kubectl gets
-//! Kubernetes' 401 `Status`; the health endpoints stay open; the token kubeconfig works with
-//! our kubectl (the official one sends no token over plain HTTP, so on the server host it
-//! uses the loopback listener). `down` on both leaves no process, container, bridge or
-//! Service rule behind.
+//! over HTTPS on every address (client certificates, plus a join token) and prints a join
+//! command carrying the CA's hash; that command, run from a second state directory with this
+//! host's non-loopback address, pins the CA, adds a node that becomes Ready (InternalIP =
+//! that address) and runs a scheduled pod whose log comes back through the apiserver. The
+//! admin kubeconfig works from the host's address with the official kubectl; without
+//! credentials, or with a wrong token, it gets Kubernetes' 401 `Status`; the health
+//! endpoints stay open; a wrong CA hash is refused before the token is sent. `down` on both
+//! leaves no process, container, bridge or Service rule behind.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use e2e::cluster::{script as cluster, sh_stdout as sh};
 use e2e::kubectl::our_kubectl;
 use e2e::kubelet::bridge_name;
-use e2e::{free_port, host_cluster_lock, kubectl_bin, raw};
+use e2e::{free_port, host_cluster_lock, kubectl_bin};
 
 fn kubectl(args: &[&str]) -> (bool, String) {
     run(&kubectl_bin(), args)
@@ -68,81 +68,114 @@ fn server_and_joined_node_with_token_authentication() {
         let i = words.iter().position(|w| *w == flag).unwrap_or_else(|| panic!("{flag} missing in {join_line:?}"));
         words.get(i + 1).copied().unwrap_or_else(|| panic!("{flag} has no value in {join_line:?}")).to_string()
     };
-    let (server, token) = (arg("--server"), arg("--token"));
+    let (server, token, ca_hash) = (arg("--server"), arg("--token"), arg("--ca-cert-hash"));
     let host_ip = server
-        .strip_prefix("http://")
+        .strip_prefix("https://")
         .and_then(|h| h.rsplit_once(':'))
         .map(|(h, p)| {
             assert_eq!(p, port.to_string(), "the join URL has the apiserver's port");
             h.to_string()
         })
-        .unwrap_or_else(|| panic!("join --server {server:?} is not http://IP:PORT"));
+        .unwrap_or_else(|| panic!("join --server {server:?} is not https://IP:PORT"));
     assert!(host_ip.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| !ip.is_loopback()), "non-loopback: {host_ip}");
     assert!(token.len() >= 32, "a random token: {token:?}");
+    let pki = server_home.join("pki");
+    let expected_hash = std::process::Command::new(e2e::supervisor_bin())
+        .args(["certs", "ca-hash", "--dir"])
+        .arg(&pki)
+        .output()
+        .unwrap();
+    assert_eq!(ca_hash, String::from_utf8_lossy(&expected_hash.stdout).trim(), "the join command pins the CA");
     let (ok, out) = cluster(&server_home, port, &["up", "--role", "server"]);
     assert!(ok && out.contains("already up") && out.contains(join_line.trim()), "a second up repeats the join:\n{out}");
     let tokens = std::fs::read_to_string(server_home.join("tokens.csv")).unwrap();
     assert!(tokens.starts_with(&format!("{token},")), "the token file lists the token: {tokens:?}");
 
-    // On the server host the official kubectl uses the loopback listener.
+    // The admin kubeconfig (a client certificate) names the host's address: the official
+    // kubectl works with it as from another machine.
     let kc = server_home.join("kubeconfig");
+    let kc_text = std::fs::read_to_string(&kc).unwrap();
+    assert!(kc_text.contains(&format!("server: {server}")), "admin kubeconfig:\n{kc_text}");
     let kc_arg = format!("--kubeconfig={}", kc.display());
     let (ok, out) = kubectl(&[&kc_arg, "get", "nodes", "-o", "name"]);
     assert!(ok && out.contains(&format!("node/{server_node}")), "the server's node is named after the host:\n{out}");
-    // The kubeconfig for other machines carries the token and the host's address: our
-    // kubectl (a kube client, like every component) is let in; the official kubectl, which
-    // drops tokens on plain HTTP, is not.
-    let remote = server_home.join("remote.kubeconfig");
-    let remote_text = std::fs::read_to_string(&remote).unwrap();
-    assert!(remote_text.contains(&server) && remote_text.contains(&token), "remote kubeconfig:\n{remote_text}");
-    let remote_arg = format!("--kubeconfig={}", remote.display());
-    let (ok, out) = run(&our_kubectl(), &[&remote_arg, "get", "nodes", "-o", "name"]);
-    assert!(ok && out.contains(&format!("node/{server_node}")), "our kubectl with the token:\n{out}");
-    let wrong = tmp.path().join("wrong.kubeconfig");
-    std::fs::write(&wrong, remote_text.replace(&token, "not-the-token")).unwrap();
-    let (ok, out) = run(&our_kubectl(), &[&format!("--kubeconfig={}", wrong.display()), "get", "nodes"]);
-    assert!(!ok && out.contains("Unauthorized"), "our kubectl with a wrong token:\n{out}");
-    let (ok, out) = kubectl(&[&remote_arg, "get", "nodes"]);
-    assert!(!ok && out.contains("error: You must be logged in to the server"), "official kubectl, plain HTTP:\n{out}");
-
-    // No token, or a wrong one: the official kubectl is told it is not logged in; it decodes
-    // the answer as Kubernetes' Status (client-go prints its message, `Unauthorized`).
+    let (ok, out) = kubectl(&[&kc_arg, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]);
+    assert!(ok && out == "kubernetes-admin", "the admin's identity:\n{out}");
+    // The join token over HTTPS: our kubectl and the official one are let in.
+    let ca = pki.join("ca.crt");
+    let ca_arg = format!("--certificate-authority={}", ca.display());
     let empty = tmp.path().join("empty-kubeconfig");
     std::fs::write(&empty, "apiVersion: v1\nkind: Config\n").unwrap();
     let empty_arg = format!("--kubeconfig={}", empty.display());
-    for extra in [&[][..], &["--token", "not-the-token"][..]] {
-        let mut args = vec![empty_arg.as_str(), "--server", server.as_str()];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&["get", "--raw", "/api/v1/namespaces"]);
-        let (ok, out) = kubectl(&args);
-        assert!(
-            !ok && out.contains("error: You must be logged in to the server (Unauthorized)"),
-            "kubectl {extra:?}:\n{out}"
-        );
-        args.truncate(args.len() - 3);
-        args.extend_from_slice(&["get", "pods"]);
-        let (ok, out) = kubectl(&args);
-        assert!(!ok && out.contains("error: You must be logged in to the server"), "kubectl {extra:?}:\n{out}");
+    let (ok, out) =
+        kubectl(&[&empty_arg, "--server", &server, &ca_arg, "--token", &token, "get", "nodes", "-o", "name"]);
+    assert!(ok && out.contains(&format!("node/{server_node}")), "official kubectl with the token:\n{out}");
+    let token_kc = tmp.path().join("token.kubeconfig");
+    std::fs::write(
+        &token_kc,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\n\
+             users: [{{name: u, user: {{token: {token}}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n",
+            ca.display()
+        ),
+    )
+    .unwrap();
+    let (ok, out) =
+        run(&our_kubectl(), &[&format!("--kubeconfig={}", token_kc.display()), "get", "nodes", "-o", "name"]);
+    assert!(ok && out.contains(&format!("node/{server_node}")), "our kubectl with the token:\n{out}");
+    let wrong = tmp.path().join("wrong.kubeconfig");
+    std::fs::write(&wrong, std::fs::read_to_string(&token_kc).unwrap().replace(&token, "not-the-token")).unwrap();
+    let (ok, out) = run(&our_kubectl(), &[&format!("--kubeconfig={}", wrong.display()), "get", "nodes"]);
+    assert!(!ok && out.contains("Unauthorized"), "our kubectl with a wrong token:\n{out}");
+
+    // A wrong token: the official kubectl is told it is not logged in; it decodes the answer
+    // as Kubernetes' Status (client-go prints its message, `Unauthorized`). No credentials at
+    // all: over HTTPS it asks for a user name, as with any kube-apiserver, and without a
+    // terminal gives up.
+    let mut args = vec![empty_arg.as_str(), "--server", server.as_str(), ca_arg.as_str(), "--token", "not-the-token"];
+    for (what, want) in [
+        (&["get", "--raw", "/api/v1/namespaces"][..], "error: You must be logged in to the server (Unauthorized)"),
+        (&["get", "pods"][..], "error: You must be logged in to the server"),
+    ] {
+        let (ok, out) = kubectl(&[&args[..], what].concat());
+        assert!(!ok && out.contains(want), "kubectl with a wrong token {what:?}:\n{out}");
     }
+    args.truncate(args.len() - 2);
+    let (ok, out) = kubectl(&[&args[..], &["get", "pods"][..]].concat());
+    assert!(!ok && out.contains("Please enter Username"), "kubectl without credentials:\n{out}");
     // The response itself is Kubernetes' Status; health stays open without credentials.
-    let resp = raw(port, "GET", "/api/v1/namespaces", None, b"").unwrap();
-    assert_eq!(resp.status, 401);
+    let curl = |path: &str| {
+        let out = sh(&format!("curl -sS --cacert {} -w '\\n%{{http_code}}' {server}{path}", ca.display()));
+        let (body, code) = out.rsplit_once('\n').map(|(b, c)| (b.to_string(), c.to_string())).unwrap_or_default();
+        (code, body)
+    };
+    let (code, body) = curl("/api/v1/namespaces");
+    assert_eq!(code, "401", "{body}");
     assert_eq!(
-        resp.json(),
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
         serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                            "message": "Unauthorized", "reason": "Unauthorized", "code": 401})
     );
     for path in ["/readyz", "/livez", "/healthz", "/version"] {
-        assert_eq!(raw(port, "GET", path, None, b"").unwrap().status, 200, "{path} without a token");
+        assert_eq!(curl(path).0, "200", "{path} without credentials");
     }
 
     // Join a second node from another state directory, exactly as printed (plus a name and
     // no second Service proxy on a host that already has one).
     let agent_down = Down(agent_home.clone(), port);
     let joined = format!("joined-{port}");
-    let (ok, out) =
-        cluster(&agent_home, port, &["join", "--server", &server, "--token", "bad", "--node-name", &joined]);
+    let bad_join = |token: &str, hash: &str| {
+        cluster(
+            &agent_home,
+            port,
+            &["join", "--server", &server, "--token", token, "--ca-cert-hash", hash, "--node-name", &joined],
+        )
+    };
+    let (ok, out) = bad_join("bad", &ca_hash);
     assert!(!ok && out.contains("refused the token (401 Unauthorized)"), "join with a wrong token:\n{out}");
+    let other_hash = format!("sha256:{}", "0".repeat(64));
+    let (ok, out) = bad_join(&token, &other_hash);
+    assert!(!ok && out.contains("presented no CA certificate with hash"), "join with a wrong CA hash:\n{out}");
     let mut join: Vec<&str> = words[1..].to_vec();
     join.extend_from_slice(&["--node-name", &joined, "--no-kubeproxy"]);
     let (ok, out) = cluster(&agent_home, port, &join);
@@ -240,6 +273,8 @@ fn server_and_joined_node_with_token_authentication() {
     assert!(left.trim().is_empty(), "containers of {server_node} left behind: {left}");
     assert!(!sh("ip -o link show").contains(&bridge_name(&server_node)), "the server node's bridge is removed");
     assert!(!sh("iptables-save").contains("KUBE-SVC-"), "Service rules left behind");
-    let (ok, out) = kubectl(&[&empty_arg, "--server", &server, "get", "nodes", "--request-timeout=2s"]);
+    // (The CA went with the state directory; a token keeps kubectl from asking for a user.)
+    let gone = [&empty_arg, "--server", &server, "--insecure-skip-tls-verify", "--token", "x"];
+    let (ok, out) = kubectl(&[&gone[..], &["get", "nodes", "--request-timeout=2s"][..]].concat());
     assert!(!ok && out.contains("refused"), "the apiserver is gone after down: {out}");
 }

@@ -1,0 +1,167 @@
+//! The secure port's TLS: kube-apiserver's `--tls-cert-file`, `--tls-private-key-file` and
+//! `--client-ca-file` as a rustls server configuration (ring; TLS 1.2 and 1.3; HTTP/1.1 by
+//! ALPN). With a client CA, client certificates are requested but optional: one that is
+//! presented must chain to that CA and be valid for client authentication, or the
+//! handshake fails (a bad certificate is never treated as anonymous); a verified one
+//! authenticates its connection through [`crate::authn::user_of_certificate`].
+//!
+//! A plain-HTTP request on the TLS port is answered as Go's server answers it:
+//! `HTTP/1.0 400 Bad Request` with "Client sent an HTTP request to an HTTPS server."
+//! ([`looks_like_http`] decides it from the first bytes; [`HTTP_ON_HTTPS_PORT`]).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+
+/// What Go's `net/http` answers to plain HTTP on a TLS port, byte for byte.
+pub const HTTP_ON_HTTPS_PORT: &[u8] =
+    b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {flag} {path}: {source}")]
+    Read { flag: &'static str, path: String, source: std::io::Error },
+    #[error("{flag} {path}: {reason}")]
+    Invalid { flag: &'static str, path: String, reason: String },
+    #[error("the TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+/// The files of the secure port.
+#[derive(Clone, Debug)]
+pub struct TlsFiles<'a> {
+    pub cert: &'a Path,
+    pub key: &'a Path,
+    pub client_ca: Option<&'a Path>,
+}
+
+fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read { flag, path: path.display().to_string(), source })
+}
+
+/// The server configuration from the files' contents (PEM). `names` are the flags and
+/// paths, for errors.
+pub fn server_config(files: &TlsFiles<'_>) -> Result<Arc<ServerConfig>, TlsError> {
+    let cert = read("--tls-cert-file", files.cert)?;
+    let key = read("--tls-private-key-file", files.key)?;
+    let ca = files.client_ca.map(|p| read("--client-ca-file", p)).transpose()?;
+    let invalid = |flag: &'static str, path: &Path, reason: String| TlsError::Invalid {
+        flag,
+        path: path.display().to_string(),
+        reason,
+    };
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert)
+        .collect::<Result<_, _>>()
+        .map_err(|e| invalid("--tls-cert-file", files.cert, e.to_string()))?;
+    if chain.is_empty() {
+        return Err(invalid("--tls-cert-file", files.cert, "no certificate found".into()));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&key)
+        .map_err(|e| invalid("--tls-private-key-file", files.key, format!("no private key: {e}")))?;
+    let roots = match (&ca, files.client_ca) {
+        (Some(pem), Some(path)) => {
+            let mut roots = RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(pem) {
+                let c = c.map_err(|e| invalid("--client-ca-file", path, e.to_string()))?;
+                roots.add(c).map_err(|e| invalid("--client-ca-file", path, e.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(invalid("--client-ca-file", path, "no certificate found".into()));
+            }
+            Some(roots)
+        }
+        _ => None,
+    };
+    build(chain, key, roots)
+}
+
+/// The configuration from parsed parts (what the tests call).
+pub fn build(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_roots: Option<RootCertStore>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    let builder = match client_roots {
+        Some(roots) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(chain, key)?;
+    // The server speaks HTTP/1.1 only (upgrades for exec and port-forward need it anyway).
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Whether the first bytes of a connection are a plain-HTTP request rather than a TLS
+/// record (a TLS handshake record starts with 0x16; a request line with a method name).
+pub fn looks_like_http(first: &[u8]) -> bool {
+    first.first().is_some_and(|b| b.is_ascii_uppercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_http_is_told_apart_from_a_client_hello() {
+        for http in [&b"GET /api HTTP/1.1"[..], b"POST", b"OPTIONS * HTTP/1.1", b"H"] {
+            assert!(looks_like_http(http), "{:?}", String::from_utf8_lossy(http));
+        }
+        for other in [&[0x16u8, 0x03, 0x01][..], b"", b"\x00\x01", b"get /", b"\x80\x2e\x01"] {
+            assert!(!looks_like_http(other), "{other:?}");
+        }
+        assert!(HTTP_ON_HTTPS_PORT.starts_with(b"HTTP/1.0 400 Bad Request\r\n\r\n"));
+    }
+
+    #[test]
+    fn bad_files_are_errors_that_name_the_flag() {
+        let tmp = tempfile::tempdir().unwrap();
+        let files = common::pki::plan(
+            &Default::default(),
+            &common::pki::Spec {
+                nodes: vec![],
+                sans: vec![],
+                service_cluster_ip_range: "10.96.0.0/12".into(),
+                server: "https://127.0.0.1:6443".into(),
+            },
+            common::pki::Mode::Init,
+            time_now(),
+        )
+        .unwrap();
+        for (name, text) in &files {
+            std::fs::write(tmp.path().join(name), text).unwrap();
+        }
+        let p = |n: &str| tmp.path().join(n);
+        let (cert, key, ca, junk) = (p("apiserver.crt"), p("apiserver.key"), p("ca.crt"), p("junk"));
+        std::fs::write(&junk, "not pem").unwrap();
+        assert!(server_config(&TlsFiles { cert: &cert, key: &key, client_ca: Some(&ca) }).is_ok());
+        assert!(server_config(&TlsFiles { cert: &cert, key: &key, client_ca: None }).is_ok());
+        let e = server_config(&TlsFiles { cert: &junk, key: &key, client_ca: None }).unwrap_err();
+        assert!(e.to_string().starts_with("--tls-cert-file"), "{e}");
+        let e = server_config(&TlsFiles { cert: &cert, key: &junk, client_ca: None }).unwrap_err();
+        assert!(e.to_string().starts_with("--tls-private-key-file"), "{e}");
+        let e = server_config(&TlsFiles { cert: &cert, key: &key, client_ca: Some(&junk) }).unwrap_err();
+        assert!(e.to_string().starts_with("--client-ca-file"), "{e}");
+        let e = server_config(&TlsFiles { cert: &p("missing"), key: &key, client_ca: None }).unwrap_err();
+        assert!(e.to_string().starts_with("cannot read --tls-cert-file"), "{e}");
+        // A key that is not the certificate's.
+        let e = server_config(&TlsFiles { cert: &cert, key: &p("ca.key"), client_ca: None }).unwrap_err();
+        assert!(matches!(e, TlsError::Config(_)), "{e}");
+    }
+
+    fn time_now() -> time::OffsetDateTime {
+        time::OffsetDateTime::now_utc()
+    }
+}

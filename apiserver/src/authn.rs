@@ -1,5 +1,7 @@
 //! Authentication: x509 client certificates (`--client-ca-file`), then static tokens
-//! (`--token-auth-file`), in Kubernetes' order.
+//! (`--token-auth-file`), then ServiceAccount tokens (`--service-account-key-file`), in
+//! Kubernetes' order. [`decide`] says which credential a request carries (pure);
+//! [`Authenticators`] finds a bearer token's user.
 //!
 //! x509: the secure port's TLS handshake verifies a presented client certificate against the
 //! client CA (`tls.rs`); the verified certificate's subject names the user — CN the name, O
@@ -21,7 +23,9 @@
 //! Tokens are compared as SHA-256 digests in constant time against every entry, so neither
 //! the position of a match nor a shared prefix shows in the timing.
 
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -161,22 +165,23 @@ pub fn is_public_path(path: &str) -> bool {
 /// What to do with a request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decision<'a> {
-    /// A listed user's token.
+    /// A verified client certificate's user.
     User(&'a UserInfo),
+    /// A bearer token for the token authenticators.
+    Token(&'a str),
     /// No credentials, on a public path.
     Anonymous,
     /// 401.
     Unauthorized,
 }
 
-/// The authentication decision for a request (pure): a verified client certificate's user
-/// first, then a bearer token of the token file (if there is one), else anonymous on a
-/// public path.
+/// Which credential a request authenticates with (pure): a verified client certificate's
+/// user first, then a bearer token, else anonymous on a public path. A credential that is
+/// present but unreadable is 401 even on public paths (a failed credential is not anonymous).
 pub fn decide<'a>(
     certificate: Option<&'a UserInfo>,
-    tokens: Option<&'a TokenAuthenticator>,
     path: &str,
-    authorization: Option<&HeaderValue>,
+    authorization: Option<&'a HeaderValue>,
 ) -> Decision<'a> {
     if let Some(user) = certificate {
         return Decision::User(user);
@@ -190,12 +195,45 @@ pub fn decide<'a>(
         },
     };
     match token {
-        Some(t) => match tokens.filter(|_| !t.is_empty()).and_then(|a| a.lookup(t)) {
-            Some(user) => Decision::User(user),
-            None => Decision::Unauthorized,
-        },
+        Some("") => Decision::Unauthorized,
+        Some(t) => Decision::Token(t),
         None if is_public_path(path) => Decision::Anonymous,
         None => Decision::Unauthorized,
+    }
+}
+
+/// A bearer token's user and the audiences it was accepted for.
+pub type TokenFuture<'a> = Pin<Box<dyn Future<Output = Option<(UserInfo, Vec<String>)>> + Send + 'a>>;
+
+/// A token authenticator that needs to look things up (ServiceAccount tokens read their
+/// account and pod).
+pub trait TokenUser: Send + Sync {
+    /// The token's user, checked against `audiences` (the apiserver's own when `None`).
+    fn user<'a>(&'a self, token: &'a str, audiences: Option<&'a [String]>) -> TokenFuture<'a>;
+}
+
+/// The token authenticators, asked in Kubernetes' order: the token file, then
+/// ServiceAccount tokens. The request path and TokenReview share them.
+#[derive(Clone, Default)]
+pub struct Authenticators {
+    pub tokens: Option<Arc<TokenAuthenticator>>,
+    pub service_accounts: Option<Arc<dyn TokenUser>>,
+}
+
+impl Authenticators {
+    /// The user of a bearer token, with the audiences it is good for (the token file's
+    /// tokens are good for any: `audiences` as asked).
+    pub async fn token(&self, token: &str, audiences: Option<&[String]>) -> Option<(UserInfo, Vec<String>)> {
+        if token.is_empty() {
+            return None;
+        }
+        if let Some(user) = self.tokens.as_ref().and_then(|t| t.lookup(token)) {
+            return Some((user.clone(), audiences.map(<[String]>::to_vec).unwrap_or_default()));
+        }
+        match &self.service_accounts {
+            Some(sa) => sa.user(token, audiences).await,
+            None => None,
+        }
     }
 }
 
@@ -204,16 +242,20 @@ pub fn unauthorized() -> Response {
     ApiError::new(401, "Unauthorized", "Unauthorized").into_response()
 }
 
-async fn authenticate(State(tokens): State<Option<Arc<TokenAuthenticator>>>, mut req: Request, next: Next) -> Response {
-    let certificate = req.extensions().get::<CertificateUser>().map(|c| &c.0);
-    let authorization = req.headers().get(axum::http::header::AUTHORIZATION);
-    let user = match decide(certificate, tokens.as_deref(), req.uri().path(), authorization) {
-        Decision::User(user) => Some(user.clone()),
-        Decision::Anonymous => None,
-        Decision::Unauthorized => {
-            tracing::debug!(path = req.uri().path(), "unauthorized request");
-            return unauthorized();
+async fn authenticate(State(authenticators): State<Arc<Authenticators>>, mut req: Request, next: Next) -> Response {
+    let user = {
+        let certificate = req.extensions().get::<CertificateUser>().map(|c| &c.0);
+        let authorization = req.headers().get(axum::http::header::AUTHORIZATION);
+        match decide(certificate, req.uri().path(), authorization) {
+            Decision::User(user) => Ok(Some(user.clone())),
+            Decision::Token(token) => authenticators.token(token, None).await.map(|(user, _)| Some(user)).ok_or(()),
+            Decision::Anonymous => Ok(None),
+            Decision::Unauthorized => Err(()),
         }
+    };
+    let Ok(user) = user else {
+        tracing::debug!(path = req.uri().path(), "unauthorized request");
+        return unauthorized();
     };
     if let Some(user) = user {
         req.extensions_mut().insert(user);
@@ -222,9 +264,9 @@ async fn authenticate(State(tokens): State<Option<Arc<TokenAuthenticator>>>, mut
 }
 
 /// Put authentication in front of every route of `router` (fallback included): client
-/// certificates (on the TLS listener) and the token file's tokens, if any.
-pub fn layer(router: Router, tokens: Option<Arc<TokenAuthenticator>>) -> Router {
-    router.layer(middleware::from_fn_with_state(tokens, authenticate))
+/// certificates (on the TLS listener), then the token authenticators.
+pub fn layer(router: Router, authenticators: Arc<Authenticators>) -> Router {
+    router.layer(middleware::from_fn_with_state(authenticators, authenticate))
 }
 
 #[cfg(test)]
@@ -305,29 +347,45 @@ mod tests {
 
     #[test]
     fn decisions() {
-        let auth = auth();
-        let a = Some(&auth);
         let h = |s: &str| HeaderValue::from_str(s).unwrap();
-        assert!(
-            matches!(decide(None, a, "/api/v1/pods", Some(&h("Bearer s3cr3t"))), Decision::User(u) if u.name == "admin")
-        );
-        assert_eq!(decide(None, a, "/api/v1/pods", None), Decision::Unauthorized);
-        assert_eq!(decide(None, a, "/api/v1/pods", Some(&h("Bearer wrong"))), Decision::Unauthorized);
-        assert_eq!(decide(None, a, "/api/v1/pods", Some(&h("Bearer "))), Decision::Unauthorized);
-        assert_eq!(decide(None, a, "/api/v1/pods", Some(&h("Basic YWRtaW46cHc="))), Decision::Unauthorized);
-        assert_eq!(decide(None, a, "/readyz", None), Decision::Anonymous);
-        assert_eq!(decide(None, a, "/version", Some(&h("Basic YWRtaW46cHc="))), Decision::Anonymous);
-        assert_eq!(decide(None, a, "/healthz", Some(&h("Bearer wrong"))), Decision::Unauthorized);
-        assert!(matches!(decide(None, a, "/livez", Some(&h("Bearer node-token"))), Decision::User(_)));
+        let (bearer, wrong, empty, basic) =
+            (h("Bearer s3cr3t"), h("Bearer wrong"), h("Bearer  x"), h("Basic YWRtaW46cHc="));
+        assert_eq!(decide(None, "/api/v1/pods", Some(&bearer)), Decision::Token("s3cr3t"));
+        assert_eq!(decide(None, "/api/v1/pods", None), Decision::Unauthorized);
+        assert_eq!(decide(None, "/api/v1/pods", Some(&empty)), Decision::Unauthorized);
+        assert_eq!(decide(None, "/api/v1/pods", Some(&basic)), Decision::Unauthorized);
+        assert_eq!(decide(None, "/readyz", None), Decision::Anonymous);
+        assert_eq!(decide(None, "/version", Some(&basic)), Decision::Anonymous);
+        assert_eq!(decide(None, "/healthz", Some(&wrong)), Decision::Token("wrong"), "checked, not anonymous");
         let binary = HeaderValue::from_bytes(b"Bearer \xff").unwrap();
-        assert_eq!(decide(None, a, "/api", Some(&binary)), Decision::Unauthorized);
+        assert_eq!(decide(None, "/api", Some(&binary)), Decision::Unauthorized);
     }
 
-    #[test]
-    fn an_empty_file_lets_nobody_in() {
-        let a = TokenAuthenticator::parse(b"", "f").unwrap();
-        assert!(a.is_empty());
-        assert_eq!(decide(None, Some(&a), "/api", Some(&HeaderValue::from_static("Bearer x"))), Decision::Unauthorized);
+    struct Fixed;
+    impl TokenUser for Fixed {
+        fn user<'a>(&'a self, token: &'a str, audiences: Option<&'a [String]>) -> TokenFuture<'a> {
+            let user = UserInfo { name: format!("sa-{token}"), uid: String::new(), groups: vec![] };
+            let aud = audiences.map(<[String]>::to_vec).unwrap_or_default();
+            Box::pin(async move { (token == "jwt").then_some((user, aud)) })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_token_file_comes_before_service_account_tokens() {
+        let both = Authenticators { tokens: Some(Arc::new(auth())), service_accounts: Some(Arc::new(Fixed)) };
+        assert_eq!(both.token("s3cr3t", None).await.unwrap().0.name, "admin");
+        assert_eq!(both.token("jwt", None).await.unwrap().0.name, "sa-jwt");
+        assert_eq!(both.token("wrong", None).await, None);
+        assert_eq!(both.token("", None).await, None);
+        let aud = ["vault".to_string()];
+        assert_eq!(both.token("s3cr3t", Some(&aud)).await.unwrap().1, aud, "a file token is good for any audience");
+        let file_only = Authenticators { tokens: Some(Arc::new(auth())), service_accounts: None };
+        assert_eq!(file_only.token("jwt", None).await, None);
+        let empty = Authenticators {
+            tokens: Some(Arc::new(TokenAuthenticator::parse(b"", "f").unwrap())),
+            service_accounts: None,
+        };
+        assert_eq!(empty.token("x", None).await, None, "an empty file lets nobody in");
     }
 
     #[tokio::test]
@@ -338,7 +396,7 @@ mod tests {
 
         let router = layer(
             Router::new().route("/api", get(|| async { "api" })).route("/healthz", get(|| async { "ok" })),
-            Some(Arc::new(auth())),
+            Arc::new(Authenticators { tokens: Some(Arc::new(auth())), service_accounts: None }),
         );
         let call = |path: &str, token: Option<&str>| {
             let mut req = Request::builder().uri(path);
@@ -361,6 +419,7 @@ mod tests {
         assert_eq!(call("/nowhere", None).await.unwrap().status(), 401, "the fallback is guarded too");
         assert_eq!(call("/api", Some("s3cr3t")).await.unwrap().status(), 200);
         assert_eq!(call("/healthz", None).await.unwrap().status(), 200);
+        assert_eq!(call("/healthz", Some("wrong")).await.unwrap().status(), 401, "a failed token is not anonymous");
     }
 
     fn certificate(cn: &str, group: Option<&str>) -> Vec<u8> {
@@ -391,18 +450,12 @@ mod tests {
 
     #[test]
     fn the_certificate_comes_before_tokens() {
-        let tokens = auth();
         let jane = UserInfo { name: "jane".into(), uid: String::new(), groups: vec![] };
         let wrong = HeaderValue::from_static("Bearer wrong");
-        assert_eq!(decide(Some(&jane), Some(&tokens), "/api", Some(&wrong)), Decision::User(&jane));
-        assert_eq!(decide(Some(&jane), None, "/api", None), Decision::User(&jane));
-        // Certificates only (no token file): no certificate is 401 but on public paths.
-        assert_eq!(decide(None, None, "/api", None), Decision::Unauthorized);
-        assert_eq!(
-            decide(None, None, "/api", Some(&HeaderValue::from_static("Bearer s3cr3t"))),
-            Decision::Unauthorized
-        );
-        assert_eq!(decide(None, None, "/healthz", None), Decision::Anonymous);
+        assert_eq!(decide(Some(&jane), "/api", Some(&wrong)), Decision::User(&jane));
+        assert_eq!(decide(Some(&jane), "/api", None), Decision::User(&jane));
+        assert_eq!(decide(None, "/api", None), Decision::Unauthorized);
+        assert_eq!(decide(None, "/healthz", None), Decision::Anonymous);
     }
 
     #[tokio::test]
@@ -418,7 +471,7 @@ mod tests {
                     req.extensions().get::<UserInfo>().map(|u| u.name.clone()).unwrap_or_default()
                 }),
             ),
-            None,
+            Arc::new(Authenticators::default()),
         );
         let mut req = Request::builder().uri("/api").body(Body::empty()).unwrap();
         req.extensions_mut().insert(CertificateUser(UserInfo {

@@ -60,8 +60,7 @@ pub struct Options {
     pub port: u16,
     /// How often a watch with allowWatchBookmarks gets a BOOKMARK.
     pub watch_bookmark_interval: std::time::Duration,
-    /// `--token-auth-file`'s users, for TokenReview (the server's authentication layer
-    /// holds the same authenticator).
+    /// `--token-auth-file`'s users.
     pub tokens: Option<Arc<authn::TokenAuthenticator>>,
     /// The ServiceAccount token issuer (`--service-account-signing-key-file` …), if any.
     pub service_account_issuer: Option<Arc<serviceaccount::Issuer>>,
@@ -96,14 +95,22 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
     let config = registry::ClusterConfig { service_cluster_ip_range: ip_range, service_node_port_range: port_range };
     let registry = Arc::new(Registry::new(store.clone(), config));
     Ok(Arc::new(server::AppState {
-        registry,
+        registry: registry.clone(),
         caches: Arc::new(watch::WatchCaches::new(store, opts.watch_cache_size)),
         metrics,
         readonly: Arc::new(tokio::sync::Semaphore::new(opts.max_requests_inflight.max(1))),
         mutating: Arc::new(tokio::sync::Semaphore::new(opts.max_mutating_requests_inflight.max(1))),
         server_address: opts.advertise_address.clone(),
         timing: watch::WatchTiming { bookmark_interval: opts.watch_bookmark_interval },
-        tokens: opts.tokens.clone(),
+        authenticators: Arc::new(authn::Authenticators {
+            tokens: opts.tokens.clone(),
+            service_accounts: opts.service_account_issuer.clone().map(|issuer| {
+                Arc::new(serviceaccount::authenticator::ServiceAccountAuthenticator {
+                    issuer,
+                    registry: registry.clone(),
+                }) as Arc<dyn authn::TokenUser>
+            }),
+        }),
         service_account_issuer: opts.service_account_issuer.clone(),
         authz: Arc::new(authz::Authorizer::new(opts.authorization_modes.clone())),
     }))

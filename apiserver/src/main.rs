@@ -257,9 +257,10 @@ async fn main() -> anyhow::Result<()> {
     }
     // Authentication outside authorization: the authorizer reads the user it put in.
     let authz = state.authz.clone();
+    let authenticators = state.authenticators.clone();
     let mut app = apiserver::authz::layer(apiserver::server::router(state), authz);
     if authn.is_some() || args.client_ca_file.is_some() {
-        app = apiserver::authn::layer(app, authn);
+        app = apiserver::authn::layer(app, authenticators);
     }
     let idle = apiserver::serve::IDLE_TIMEOUT;
     let mut servers: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = Vec::new();

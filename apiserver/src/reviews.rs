@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use k8s_openapi::api::authentication::v1 as authn;
 use k8s_openapi::api::authorization::v1 as authz;
 
-use crate::authn::{TokenAuthenticator, UserInfo};
+use crate::authn::UserInfo;
 use crate::authz::{Attributes, Authorizer, Decision, User};
 use crate::error::{ApiError, ApiResult, FieldError};
 
@@ -200,7 +200,7 @@ pub fn review(
     url_namespace: Option<&str>,
     body: Value,
     requester: &authn::UserInfo,
-    tokens: Option<&TokenAuthenticator>,
+    token_user: Option<(UserInfo, Vec<String>)>,
     authorizer: &Authorizer,
 ) -> ApiResult<Value> {
     match kind {
@@ -306,12 +306,16 @@ pub fn review(
             if token.is_empty() {
                 return Err(ApiError::bad_request("token is required for TokenReview in authentication"));
             }
-            let user = tokens.and_then(|t| t.lookup(token));
-            r.status = Some(authn::TokenReviewStatus {
-                authenticated: Some(user.is_some()),
-                user: user.map(authenticated),
-                audiences: r.spec.audiences.clone(),
-                error: None,
+            r.status = Some(match token_user {
+                Some((user, audiences)) => authn::TokenReviewStatus {
+                    authenticated: Some(true),
+                    user: Some(authenticated(&user)),
+                    audiences: (!audiences.is_empty()).then_some(audiences),
+                    error: None,
+                },
+                None => {
+                    authn::TokenReviewStatus { authenticated: Some(false), user: None, audiences: None, error: None }
+                }
             });
             encode(&r)
         }
@@ -583,21 +587,19 @@ mod tests {
     }
 
     #[test]
-    fn token_reviews_check_the_token_file() {
-        let tokens = TokenAuthenticator::parse("s3cr3t,admin,uid-1\n".as_bytes(), "tokens.csv").unwrap();
+    fn token_reviews_report_the_token_s_user() {
+        let admin = UserInfo { name: "admin".into(), uid: "uid-1".into(), groups: vec![] };
         let me = requester(None);
-        let out = review(Kind::TokenReview, None, json!({"spec": {"token": "s3cr3t"}}), &me, Some(&tokens), &allow())
-            .unwrap();
+        let found = Some((admin, vec!["vault".to_string()]));
+        let out = review(Kind::TokenReview, None, json!({"spec": {"token": "s3cr3t"}}), &me, found, &allow()).unwrap();
         assert_eq!(out["status"]["authenticated"], true);
         assert_eq!(out["status"]["user"]["username"], "admin");
         assert_eq!(out["status"]["user"]["groups"], json!(["system:authenticated"]));
-        let out =
-            review(Kind::TokenReview, None, json!({"spec": {"token": "nope"}}), &me, Some(&tokens), &allow()).unwrap();
+        assert_eq!(out["status"]["audiences"], json!(["vault"]));
+        let out = review(Kind::TokenReview, None, json!({"spec": {"token": "nope"}}), &me, None, &allow()).unwrap();
         assert_eq!(out["status"]["authenticated"], false);
         assert!(out["status"].get("user").is_none());
-        let out = review(Kind::TokenReview, None, json!({"spec": {"token": "s3cr3t"}}), &me, None, &allow()).unwrap();
-        assert_eq!(out["status"]["authenticated"], false, "no token file: no token is valid");
-        let e = review(Kind::TokenReview, None, json!({"spec": {}}), &me, Some(&tokens), &allow()).unwrap_err();
+        let e = review(Kind::TokenReview, None, json!({"spec": {}}), &me, None, &allow()).unwrap_err();
         assert_eq!(e.code, 400);
     }
 }

@@ -40,8 +40,8 @@ pub struct AppState {
     pub mutating: Arc<Semaphore>,
     pub server_address: String,
     pub timing: WatchTiming,
-    /// The token file's users (TokenReview), if authentication is on.
-    pub tokens: Option<Arc<crate::authn::TokenAuthenticator>>,
+    /// The token authenticators (the request path's and TokenReview's).
+    pub authenticators: Arc<crate::authn::Authenticators>,
     /// The ServiceAccount token issuer, if one is configured.
     pub service_account_issuer: Option<Arc<crate::serviceaccount::Issuer>>,
     /// The configured authorizers (`--authorization-mode`): the authorization layer, the
@@ -347,8 +347,19 @@ async fn review(
     let bytes = read_body(headers, body).await?;
     let obj = decode_object(headers, &bytes)?;
     let requester = crate::reviews::requester(user);
-    let out =
-        crate::reviews::review(kind, rp.namespace.as_deref(), obj, &requester, state.tokens.as_deref(), &state.authz)?;
+    // A TokenReview's token is looked up here (it may need storage); the review decides the rest.
+    let reviewed = match (kind, obj.pointer("/spec/token").and_then(Value::as_str)) {
+        (crate::reviews::Kind::TokenReview, Some(token)) => {
+            let audiences: Option<Vec<String>> = obj
+                .pointer("/spec/audiences")
+                .and_then(Value::as_array)
+                .filter(|a| !a.is_empty())
+                .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect());
+            state.authenticators.token(token, audiences.as_deref()).await
+        }
+        _ => None,
+    };
+    let out = crate::reviews::review(kind, rp.namespace.as_deref(), obj, &requester, reviewed, &state.authz)?;
     Ok(json_response(StatusCode::CREATED, &out, &[]))
 }
 

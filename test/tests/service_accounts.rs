@@ -30,20 +30,25 @@ fn header(jwt: &str) -> Result<Value> {
     Ok(serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(h)?)?)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn tokens_for_kubectl_and_for_pods() -> Result<()> {
-    if !require_docker() {
-        return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let key = dir.path().join("sa.key");
+/// A signing key made as a user makes one: `openssl genpkey`, ECDSA P-256.
+fn signing_key(dir: &std::path::Path) -> Result<String> {
+    let key = dir.join("sa.key");
     let st = Command::new("openssl")
         .args(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"])
         .arg(&key)
         .status()
         .context("running openssl (Debian package openssl)")?;
     ensure!(st.success(), "openssl genpkey failed");
-    let key = key.to_string_lossy().to_string();
+    Ok(key.to_string_lossy().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_for_kubectl_and_for_pods() -> Result<()> {
+    if !require_docker() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let key = signing_key(dir.path())?;
     let api = ApiServer::start_with(&["--service-account-signing-key-file", &key])?;
     let sched = e2e::scheduler::Scheduler::start(&api, &[])?;
     let cm = e2e::controller_manager::ControllerManager::start(&api, &[])?;
@@ -134,5 +139,124 @@ async fn tokens_for_kubectl_and_for_pods() -> Result<()> {
         msg.contains("pods \"lost\" is forbidden: error looking up service account default/ghost: serviceaccount \"ghost\" not found"),
         "{msg}"
     );
+    Ok(())
+}
+
+/// The official kubectl 1.33 with a kubeconfig.
+fn kubectl_as(kubeconfig: &std::path::Path, args: &[&str]) -> Result<e2e::KubectlOutput> {
+    let out = Command::new(official_kubectl("1.33"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(args)
+        .output()
+        .context("running kubectl")?;
+    Ok(out.into())
+}
+
+/// A kubeconfig that presents `token` to the secure port, trusting the cluster CA.
+fn token_kubeconfig(api: &ApiServer, token: &str) -> String {
+    let ca = std::fs::read(api.identity("ca.crt")).unwrap_or_default();
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\n\
+         users:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+        api.https_url()
+    )
+}
+
+/// ServiceAccount tokens as credentials on the secure port with RBAC: a token of an account
+/// bound to a reading Role in its namespace reads there (official kubectl and the kube crate), is
+/// refused elsewhere and for writes with Kubernetes' 403, and `auth whoami` / TokenReview
+/// name the account; a token stops working when its account or its pod is deleted.
+#[tokio::test(flavor = "multi_thread")]
+async fn service_account_tokens_authenticate_and_rbac_limits_them() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let key = signing_key(dir.path())?;
+    let api =
+        ApiServer::start_tls(&[], &["--service-account-signing-key-file", &key, "--authorization-mode", "Node,RBAC"])?;
+    let admin = api.identity("admin.conf");
+    let as_admin = |args: &[&str]| -> Result<e2e::KubectlOutput> {
+        let out = kubectl_as(&admin, args)?;
+        ensure!(out.ok, "kubectl {args:?}: {out:?}");
+        Ok(out)
+    };
+    as_admin(&["create", "namespace", "team"])?;
+    as_admin(&["create", "serviceaccount", "reader", "-n", "team"])?;
+    as_admin(&["create", "role", "reader", "-n", "team", "--verb=get,list,watch", "--resource=configmaps,pods"])?;
+    as_admin(&["create", "rolebinding", "reader", "-n", "team", "--role=reader", "--serviceaccount=team:reader"])?;
+    as_admin(&["create", "configmap", "settings", "-n", "team", "--from-literal=a=1"])?;
+    let token = as_admin(&["create", "token", "reader", "-n", "team"])?.stdout.trim().to_string();
+    let kc = dir.path().join("reader.kubeconfig");
+    std::fs::write(&kc, token_kubeconfig(&api, &token))?;
+
+    let who = kubectl_as(&kc, &["auth", "whoami", "-o", "json"])?;
+    ensure!(who.ok, "{who:?}");
+    let who: Value = serde_json::from_str(&who.stdout)?;
+    let info = &who["status"]["userInfo"];
+    ensure!(info["username"] == "system:serviceaccount:team:reader", "{who}");
+    ensure!(
+        info["groups"] == json!(["system:serviceaccounts", "system:serviceaccounts:team", "system:authenticated"]),
+        "{who}"
+    );
+    let out = kubectl_as(&kc, &["get", "configmaps", "-n", "team", "-o", "name"])?;
+    ensure!(out.ok && out.stdout.contains("configmap/settings"), "view in its namespace: {out:?}");
+    let out = kubectl_as(&kc, &["get", "pods", "-n", "default"])?;
+    ensure!(
+        !out.ok
+            && out.stderr.contains(
+                "User \"system:serviceaccount:team:reader\" cannot list resource \"pods\" in API group \"\" in the namespace \"default\""
+            ),
+        "elsewhere: {out:?}"
+    );
+    let out = kubectl_as(&kc, &["create", "configmap", "more", "-n", "team"])?;
+    ensure!(!out.ok && out.stderr.contains("cannot create resource \"configmaps\""), "a write: {out:?}");
+    let out = kubectl_as(&kc, &["auth", "can-i", "list", "pods", "-n", "team"])?;
+    ensure!(out.stdout.trim() == "yes", "{out:?}");
+
+    // The kube crate, from the same kubeconfig.
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kc)?,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    let client = kube::Client::try_from(config)?;
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), "team");
+    ensure!(cms.get("settings").await.is_ok(), "the kube crate reads in the namespace");
+    let err = Api::<Pod>::namespaced(client, "default").list(&Default::default()).await.unwrap_err();
+    ensure!(matches!(&err, kube::Error::Api(s) if s.code == 403), "{err:?}");
+
+    // TokenReview as the admin: the account's user.
+    let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}});
+    let rf = dir.path().join("review.json");
+    std::fs::write(&rf, review.to_string())?;
+    let out = as_admin(&["create", "-f", rf.to_str().unwrap_or_default(), "-o", "json"])?;
+    let r: Value = serde_json::from_str(&out.stdout)?;
+    ensure!(r["status"]["authenticated"] == true, "{r}");
+    ensure!(r["status"]["user"]["username"] == "system:serviceaccount:team:reader", "{r}");
+
+    // A token bound to a pod dies with the pod; every token dies with its account.
+    let overrides = r#"--overrides={"spec":{"serviceAccountName":"reader"}}"#;
+    as_admin(&["run", "holder", "-n", "team", "--image=busybox", "--restart=Never", overrides])?;
+    let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "holder"}}});
+    let tf = dir.path().join("request.json");
+    std::fs::write(&tf, request.to_string())?;
+    let out = as_admin(&[
+        "create",
+        "--raw",
+        "/api/v1/namespaces/team/serviceaccounts/reader/token",
+        "-f",
+        tf.to_str().unwrap_or_default(),
+    ])?;
+    let bound = serde_json::from_str::<Value>(&out.stdout)?["status"]["token"].as_str().unwrap_or_default().to_string();
+    let bkc = dir.path().join("bound.kubeconfig");
+    std::fs::write(&bkc, token_kubeconfig(&api, &bound))?;
+    ensure!(kubectl_as(&bkc, &["get", "configmaps", "-n", "team"])?.ok, "the pod-bound token works");
+    // Not scheduled anywhere: the pod goes at once.
+    as_admin(&["delete", "pod", "holder", "-n", "team", "--wait=true"])?;
+    let out = kubectl_as(&bkc, &["get", "configmaps", "-n", "team"])?;
+    ensure!(!out.ok && out.stderr.contains("Unauthorized"), "its pod is gone: {out:?}");
+    as_admin(&["delete", "serviceaccount", "reader", "-n", "team"])?;
+    let out = kubectl_as(&kc, &["get", "configmaps", "-n", "team"])?;
+    ensure!(!out.ok && out.stderr.contains("Unauthorized"), "its account is gone: {out:?}");
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! Deciding is pure ([`token_request`], [`discovery`]); the request path reads the service
 //! account and the bound object and hands them in.
 
+pub mod authenticator;
 pub mod keys;
 pub mod token;
 

@@ -100,6 +100,9 @@ pub enum TokenError {
     Audience,
     #[error("the token's subject does not match its service account claim")]
     Subject,
+    /// An object the token names is gone, recreated or being deleted.
+    #[error("the token has been invalidated: {0}")]
+    Invalidated(String),
 }
 
 /// Check a token: its signature against `keys`, its issuer, audience and lifetime at `now`

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use storage::Store;
 
 pub mod admission;
@@ -58,6 +58,9 @@ pub struct Options {
     /// `host:port` clients are told to use (discovery's serverAddressByClientCIDRs).
     pub advertise_address: String,
     pub port: u16,
+    /// `--advertise-address`: the IP the `kubernetes` Service's endpoints name, so that pods
+    /// reach this apiserver through the Service (none: the Service has no endpoints).
+    pub endpoint_ip: Option<std::net::IpAddr>,
     /// How often a watch with allowWatchBookmarks gets a BOOKMARK.
     pub watch_bookmark_interval: std::time::Duration,
     /// `--token-auth-file`'s users.
@@ -78,6 +81,7 @@ impl Default for Options {
             watch_cache_size: watch::DEFAULT_CACHE_SIZE,
             advertise_address: "127.0.0.1:6443".into(),
             port: 6443,
+            endpoint_ip: None,
             watch_bookmark_interval: watch::WatchTiming::default().bookmark_interval,
             tokens: None,
             service_account_issuer: None,
@@ -146,7 +150,63 @@ pub async fn bootstrap(state: &server::AppState, opts: &Options) -> Result<(), e
         Err(e) if e.code == 409 || e.code == 422 => {}
         Err(e) => return Err(e),
     }
+    if let Some(ip) = opts.endpoint_ip {
+        for (plural, body) in kubernetes_endpoints(ip, opts.port) {
+            let res =
+                resources::find_by_plural(if plural == "endpointslices" { "discovery.k8s.io" } else { "" }, plural)
+                    .ok_or_else(|| error::ApiError::internal(format!("no {plural} resource")))?;
+            upsert(reg, res, "default", "kubernetes", body).await?;
+        }
+        tracing::info!(%ip, port = opts.port, "the kubernetes service's endpoints name this apiserver");
+    }
     authz::bootstrap::reconcile(reg).await
+}
+
+/// The `kubernetes` Service's Endpoints and EndpointSlice: this apiserver at `ip:port`
+/// (what kube-apiserver's endpoint reconciler writes; the Service has no selector, so no
+/// controller owns them).
+pub fn kubernetes_endpoints(ip: std::net::IpAddr, port: u16) -> [(&'static str, Value); 2] {
+    let family = if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+    [
+        (
+            "endpoints",
+            json!({"apiVersion": "v1", "kind": "Endpoints",
+                "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+                "subsets": [{"addresses": [{"ip": ip.to_string()}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}]}),
+        ),
+        (
+            "endpointslices",
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"kubernetes.io/service-name": "kubernetes"}},
+                "addressType": family,
+                "endpoints": [{"addresses": [ip.to_string()], "conditions": {"ready": true}}],
+                "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}),
+        ),
+    ]
+}
+
+/// Create `body`, or replace the stored object when its content differs (a restart with
+/// another address or port).
+async fn upsert(
+    reg: &Registry,
+    res: &registry::ResourceDef,
+    ns: &str,
+    name: &str,
+    body: Value,
+) -> Result<(), error::ApiError> {
+    match reg.create(res, ns, body.clone(), &WriteOptions::default()).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == 409 => {
+            let current = reg.get(res, ns, name).await?;
+            let content = |v: &Value| ["subsets", "endpoints", "ports", "addressType"].map(|f| v.get(f).cloned());
+            if content(&current) == content(&body) {
+                return Ok(());
+            }
+            let opts = WriteOptions::default();
+            reg.update(res, ns, name, body, registry::generic::UpdateKind::Main, &opts).await.map(|_| ())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Start what the configured authorizers need (the RBAC index, the Node authorizer's

@@ -13,6 +13,11 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     bind_address: String,
+    /// The IP address this apiserver is reached at by the cluster: the `kubernetes`
+    /// Service's endpoints (how pods reach the API) and discovery's server address. Not a
+    /// loopback address: pods cannot reach the host's.
+    #[arg(long)]
+    advertise_address: Option<std::net::IpAddr>,
     /// Port to serve plain HTTP on (0: none). Without --tls-cert-file it defaults to 6443;
     /// with it there is no plain-HTTP listener unless this is given.
     #[arg(long)]
@@ -193,10 +198,13 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("invalid --etcd-compaction-interval: {e}"))?;
     let _compactor = (!interval.is_zero()).then(|| storage::spawn_compactor(store.clone(), interval));
 
-    let advertise = if args.bind_address == "0.0.0.0" || args.bind_address == "::" {
-        format!("127.0.0.1:{served_port}")
-    } else {
-        format!("{}:{served_port}", args.bind_address)
+    if let Some(ip) = args.advertise_address {
+        anyhow::ensure!(!ip.is_loopback() && !ip.is_unspecified(), "--advertise-address {ip}: pods cannot reach it");
+    }
+    let advertise = match (args.advertise_address, args.bind_address.as_str()) {
+        (Some(ip), _) => std::net::SocketAddr::new(ip, served_port).to_string(),
+        (None, "0.0.0.0" | "::") => format!("127.0.0.1:{served_port}"),
+        (None, bind) => format!("{bind}:{served_port}"),
     };
     let watch_bookmark_interval = apiserver::parse_go_duration(&args.watch_bookmark_interval)
         .map_err(|e| anyhow::anyhow!("invalid --watch-bookmark-interval: {e}"))?;
@@ -207,6 +215,7 @@ async fn main() -> anyhow::Result<()> {
         max_requests_inflight: args.max_requests_inflight,
         max_mutating_requests_inflight: args.max_mutating_requests_inflight,
         advertise_address: advertise,
+        endpoint_ip: args.advertise_address,
         port: served_port,
         watch_bookmark_interval,
         watch_cache_size: args.default_watch_cache_size,

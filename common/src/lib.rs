@@ -30,6 +30,12 @@ use axum::Router;
 /// `server` (the `--server` flag) wins over the kubeconfig's server. With neither a
 /// `kubeconfig` path nor `$KUBECONFIG`/`~/.kube/config`, `server` alone is enough.
 pub async fn client(kubeconfig: Option<&Path>, server: Option<&str>) -> anyhow::Result<kube::Client> {
+    kube::Client::try_from(config(kubeconfig, server).await?).context("building the API client")
+}
+
+/// The client configuration [`client`] builds on (for clients of other identities to the
+/// same server).
+pub async fn config(kubeconfig: Option<&Path>, server: Option<&str>) -> anyhow::Result<kube::Config> {
     let mut config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -48,7 +54,7 @@ pub async fn client(kubeconfig: Option<&Path>, server: Option<&str>) -> anyhow::
     if let Some(url) = server {
         config.cluster_url = url.parse().with_context(|| format!("--server {url:?} is not a URL"))?;
     }
-    kube::Client::try_from(config).context("building the API client")
+    Ok(config)
 }
 
 /// Log to stderr with `tracing`. `level` is a filter such as `info` or

@@ -37,6 +37,10 @@ pub const APISERVER_KEY: &str = "apiserver.key";
 /// The apiserver's client certificate towards kubelets.
 pub const KUBELET_CLIENT_CERT: &str = "apiserver-kubelet-client.crt";
 pub const KUBELET_CLIENT_KEY: &str = "apiserver-kubelet-client.key";
+/// The ServiceAccount token signing key and its public half (kubeadm's `sa.key`, `sa.pub`):
+/// made once and kept through renewals, as a new key would void every token issued.
+pub const SA_KEY: &str = "sa.key";
+pub const SA_PUB: &str = "sa.pub";
 
 /// The cluster administrator (kubeadm's `kubernetes-admin`).
 pub const ADMIN_USER: &str = "kubernetes-admin";
@@ -487,6 +491,18 @@ pub fn plan(
             out.insert(format!("{}.key", leaf.name), key);
         }
     }
+    match (existing.get(SA_KEY), existing.contains_key(SA_PUB)) {
+        (None, _) => {
+            let key = KeyPair::generate()?;
+            out.insert(SA_KEY.to_string(), key.serialize_pem());
+            out.insert(SA_PUB.to_string(), key.public_key_pem());
+        }
+        (Some(pem), false) => {
+            let key = KeyPair::from_pem(pem).map_err(|e| invalid(SA_KEY, format!("not a private key: {e}")))?;
+            out.insert(SA_PUB.to_string(), key.public_key_pem());
+        }
+        (Some(_), true) => {}
+    }
     Ok(out)
 }
 
@@ -657,6 +673,12 @@ mod tests {
         let later = now() + Duration::days(200);
         let renewed = plan(&first, &spec(), Mode::Renew, later).unwrap();
         assert!(!renewed.contains_key(CA_CERT) && !renewed.contains_key(CA_KEY), "the CA stays");
+        assert!(first.contains_key(SA_KEY) && first.contains_key(SA_PUB));
+        assert!(!renewed.contains_key(SA_KEY), "the ServiceAccount key stays: a new one voids every token");
+        let mut without_pub = first.clone();
+        without_pub.remove(SA_PUB);
+        let out = plan(&without_pub, &spec(), Mode::Init, now()).unwrap();
+        assert_eq!(out.get(SA_PUB), first.get(SA_PUB), "the public half is derived again from the key");
         let ca_der = pem_to_der(&first[CA_CERT]).unwrap();
         for name in ["admin.conf", "kubelet-node-2.conf", APISERVER_CERT, KUBELET_CLIENT_CERT] {
             let old = cert_of(&first, name);

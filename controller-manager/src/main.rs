@@ -7,6 +7,7 @@
 //! whose reconcile function is a thin I/O shell over them.
 
 mod clusterroleaggregation;
+mod credentials;
 mod cronjob;
 mod daemonset;
 mod deployment;
@@ -128,6 +129,11 @@ struct Args {
     volumes: volume::VolumeArgs,
     #[command(flatten)]
     podgc: podgc::PodGcArgs,
+    /// Run each controller as its own ServiceAccount in kube-system (Kubernetes' names and
+    /// bootstrap roles) instead of this process's identity; needs the apiserver's token
+    /// issuer (--service-account-signing-key-file).
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    use_service_account_credentials: bool,
     /// The CA bundle that verifies the apiserver, published in every namespace as the
     /// `kube-root-ca.crt` ConfigMap (empty without it: a plain-HTTP cluster).
     #[arg(long)]
@@ -215,7 +221,8 @@ async fn main() -> anyhow::Result<()> {
     common::init_tracing(&args.log_level);
     let _trimmer = common::memory::spawn_trimmer(common::memory::TRIM_INTERVAL);
     let enabled = enabled_controllers(&args.controllers).map_err(|e| anyhow::anyhow!("--controllers: {e}"))?;
-    let client = common::client(args.kubeconfig.as_deref(), args.master.as_deref()).await?;
+    let config = common::config(args.kubeconfig.as_deref(), args.master.as_deref()).await?;
+    let client = kube::Client::try_from(config.clone())?;
     let ready = common::Ready::default();
     let addr: SocketAddr = format!("{}:{}", args.bind_address, args.secure_port).parse()?;
     let bound = common::serve_health(addr, prometheus::Registry::new(), ready.clone()).await?;
@@ -243,7 +250,18 @@ async fn main() -> anyhow::Result<()> {
     let mut tasks = tokio::task::JoinSet::new();
     // One discovery catalog for the controllers that follow every served kind.
     let mut catalog = None;
+    let credentials = if args.use_service_account_credentials {
+        Some(credentials::Credentials::new(config, client.clone())?)
+    } else {
+        None
+    };
     for c in &enabled {
+        // The client this controller writes with: its own account's, or this process's.
+        let own = client.clone();
+        let client = match &credentials {
+            Some(creds) => creds.client(credentials::service_account(c)).await?,
+            None => own.clone(),
+        };
         match *c {
             "replicaset" => {
                 tasks.spawn(replicaset::run(
@@ -268,7 +286,7 @@ async fn main() -> anyhow::Result<()> {
                 tasks.spawn(endpoints::run_endpoints(client.clone(), pods.clone()));
             }
             "garbagecollector" => {
-                let catalog = shared_catalog(&mut catalog, &client).await;
+                let catalog = shared_catalog(&mut catalog, &own).await;
                 tasks.spawn(garbagecollector::run(client.clone(), catalog, recorder("garbage-collector-controller")));
             }
             "namespace" => {
@@ -311,7 +329,7 @@ async fn main() -> anyhow::Result<()> {
                 tasks.spawn(disruption::run(client.clone(), pods.clone()));
             }
             "horizontalpodautoscaling" => {
-                let catalog = shared_catalog(&mut catalog, &client).await;
+                let catalog = shared_catalog(&mut catalog, &own).await;
                 let cfg = podautoscaler::Config {
                     sync_period: args.horizontal_pod_autoscaler_sync_period,
                     downscale_stabilization: args.horizontal_pod_autoscaler_downscale_stabilization,

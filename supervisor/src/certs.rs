@@ -146,7 +146,7 @@ fn apply(dir: &Path, spec: &Spec, mode: Mode, now: time::OffsetDateTime) -> anyh
     for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let wanted = name.ends_with(".crt") || name.ends_with(".key") || name.ends_with(".conf");
+        let wanted = [".crt", ".key", ".conf", ".pub"].iter().any(|x| name.ends_with(x));
         if wanted && entry.file_type()?.is_file() {
             existing.insert(name.clone(), std::fs::read_to_string(entry.path()).unwrap_or_default());
         }
@@ -224,15 +224,18 @@ mod tests {
                 "kube-proxy.conf",
                 "kubelet-n1.conf",
                 "pki.json",
+                "sa.key",
+                "sa.pub",
                 "scheduler.conf"
             ]
         );
         let snapshot = |n: &str| std::fs::read_to_string(dir.join(n)).unwrap();
-        let (ca, admin) = (snapshot("ca.crt"), snapshot("admin.conf"));
+        let (ca, admin, sa_key) = (snapshot("ca.crt"), snapshot("admin.conf"), snapshot("sa.key"));
         init();
         assert_eq!((snapshot("ca.crt"), snapshot("admin.conf")), (ca.clone(), admin.clone()), "init is idempotent");
         run(Certs::Renew { dir: dir.clone() }).unwrap();
         assert_eq!(snapshot("ca.crt"), ca, "renew keeps the CA");
+        assert_eq!(snapshot("sa.key"), sa_key, "and the ServiceAccount key");
         assert_ne!(snapshot("admin.conf"), admin, "renew issues the identities again");
         let out = tmp.path().join("jane.conf");
         run(Certs::Kubeconfig { dir: dir.clone(), user: "jane".into(), group: None, server: None, out: out.clone() })

@@ -61,6 +61,10 @@ impl ControllerManager {
             .arg(port.to_string())
             .arg("--bind-address")
             .arg("127.0.0.1");
+        if api.tls.is_some() {
+            // The CA pods trust the apiserver by (the kube-root-ca.crt ConfigMaps).
+            cmd.arg("--root-ca-file").arg(api.identity("ca.crt"));
+        }
         if !args.iter().any(|a| a.starts_with("--leader-elect")) {
             cmd.arg("--leader-elect=false");
         }

@@ -366,3 +366,37 @@ impl Drop for Kubelet {
         remove_masquerade(&self.node);
     }
 }
+
+/// Build `tag`, busybox plus host programs (with the shared libraries `ldd` names, at their
+/// own paths): an image with a real client for tests, as nothing can be pulled. Idempotent.
+pub fn host_programs_image(tag: &str, programs: &[&str]) -> Result<()> {
+    let ctx = tempfile::tempdir()?;
+    let root = ctx.path().join("root");
+    let mut files: Vec<PathBuf> = Vec::new();
+    for p in programs {
+        files.push(PathBuf::from(p));
+        let out = Command::new("ldd").arg(p).output().context("running ldd")?;
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x…)" or "/lib64/ld-linux-x86-64.so.2 (0x…)"
+            let path = line.split("=>").last().unwrap_or_default().split_whitespace().next().unwrap_or_default();
+            if path.starts_with('/') {
+                files.push(PathBuf::from(path));
+            }
+        }
+    }
+    for f in &files {
+        let dest = root.join(f.strip_prefix("/").unwrap_or(f));
+        std::fs::create_dir_all(dest.parent().unwrap_or(&root))?;
+        // Follow links: the image gets the library itself under the name asked for.
+        std::fs::copy(f, &dest).with_context(|| format!("copying {}", f.display()))?;
+    }
+    std::fs::write(ctx.path().join("Dockerfile"), "FROM busybox:latest\nCOPY root/ /\n")?;
+    let out = Command::new(docker_bin())
+        .args(["build", "-q", "-t", tag])
+        .arg(ctx.path())
+        .env("DOCKER_BUILDKIT", "0")
+        .output()
+        .context("running docker build")?;
+    anyhow::ensure!(out.status.success(), "docker build {tag}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}

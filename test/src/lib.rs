@@ -176,7 +176,7 @@ impl ApiServer {
     }
 
     /// Start with a fresh PKI (`certs init`, kubelet identities for `nodes`) on a secure
-    /// port with the client CA, plus `args`. The plain-HTTP port stays (readiness; it
+    /// port with the client CA and the PKI's ServiceAccount key, plus `args`. The plain-HTTP port stays (readiness; it
     /// authenticates like the secure one, without client certificates).
     pub fn start_tls(nodes: &[&str], args: &[&str]) -> Result<Self> {
         let secure_port = free_port();
@@ -188,6 +188,8 @@ impl ApiServer {
             ("--tls-cert-file", "apiserver.crt"),
             ("--tls-private-key-file", "apiserver.key"),
             ("--client-ca-file", "ca.crt"),
+            ("--service-account-signing-key-file", "sa.key"),
+            ("--service-account-key-file", "sa.pub"),
         ] {
             all.extend([flag.to_string(), pki.join(file).display().to_string()]);
         }

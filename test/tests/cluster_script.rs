@@ -1,7 +1,8 @@
 //! The README's first command: `scripts/cluster up --nodes 2` gives a cluster the official
 //! kubectl can use; a Deployment and a NodePort Service from `test/manifests/` run on
-//! both nodes and answer through the Service's cluster IP and node port; a second `up` is a
-//! no-op that says so; `status` and `logs` work; `down --purge` leaves no process, container,
+//! both nodes and answer through the Service's cluster IP and node port; a pod lists pods
+//! in its namespace with its ServiceAccount token and is refused elsewhere (RBAC); a second
+//! `up` is a no-op that says so; `status` and `logs` work; `down --purge` leaves no process, container,
 //! node bridge, Service rule or state behind. `up --etcd` does the same over a real etcd
 //! (Debian's etcd-server) that holds the objects.
 //!
@@ -114,6 +115,52 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
     }
     let body = sh("curl -s -m 2 http://127.0.0.1:30080/");
     assert!(body.starts_with("v1 web-"), "node port answers: {body:?}");
+
+    // A pod's identity: its ServiceAccount, bound to a Role that reads pods in its namespace,
+    // lists them from inside with the mounted token and CA (curl through the kubernetes
+    // Service) and is refused in another namespace (RBAC is on).
+    e2e::kubelet::host_programs_image("minik8s-test/curl:latest", &["/usr/bin/curl"]).unwrap();
+    for args in [
+        &["create", "namespace", "team"][..],
+        &["create", "serviceaccount", "reader", "-n", "team"],
+        &["create", "role", "reader", "-n", "team", "--verb=get,list", "--resource=pods"],
+        &["create", "rolebinding", "reader", "-n", "team", "--role=reader", "--serviceaccount=team:reader"],
+    ] {
+        let (ok, out) = kubectl(&kc, args);
+        assert!(ok, "kubectl {args:?}:\n{out}");
+    }
+    let script = "D=/var/run/secrets/kubernetes.io/serviceaccount; for ns in team default; do \
+        echo $ns=$(curl -s -o /dev/null -w %{http_code} --cacert $D/ca.crt -H \"Authorization: Bearer $(cat $D/token)\" \
+        https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/api/v1/namespaces/$ns/pods); done; sleep 3600";
+    let (ok, out) = kubectl(
+        &kc,
+        &[
+            "run",
+            "incluster",
+            "-n",
+            "team",
+            "--image=minik8s-test/curl:latest",
+            "--image-pull-policy=Never",
+            "--restart=Never",
+            r#"--overrides={"spec":{"serviceAccountName":"reader","terminationGracePeriodSeconds":1}}"#,
+            "--command",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    assert!(ok, "run incluster:\n{out}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (_, logs) = kubectl(&kc, &["logs", "incluster", "-n", "team"]);
+        if logs.contains("default=") {
+            assert!(logs.contains("team=200") && logs.contains("default=403"), "from inside the pod:\n{logs}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no answer from inside the pod:\n{logs}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
 
     let (ok, out) = cluster(&home, port, &["up"]);
     assert!(ok && out.contains("already up"), "a second up is a no-op that says so:\n{out}");

@@ -277,9 +277,11 @@ fn components_with_their_own_identities_run_a_pod() {
         return;
     }
     let node = e2e::kubelet::Kubelet::node_name("tls");
-    let api = ApiServer::start_tls(&[&node], &[]).unwrap();
+    // As `scripts/cluster up` runs them: RBAC and the Node authorizer, ServiceAccount tokens
+    // signed with the PKI's key, each controller as its own account.
+    let api = ApiServer::start_tls(&[&node], &["--authorization-mode=Node,RBAC"]).unwrap();
     let _sched = e2e::scheduler::Scheduler::start(&api, &[]).unwrap();
-    let _cm = e2e::controller_manager::ControllerManager::start(&api, &[]).unwrap();
+    let cm = e2e::controller_manager::ControllerManager::start(&api, &["--use-service-account-credentials"]).unwrap();
     let kubelet = e2e::kubelet::Kubelet::start_named(
         &api.https_url(),
         &node,
@@ -320,7 +322,12 @@ fn components_with_their_own_identities_run_a_pod() {
         if out == format!("Running {node}") {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "no Running pod on {node}: {out:?}\n{}", kubelet.log());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no Running pod on {node}: {out:?}\nkubelet:\n{}\ncontroller-manager:\n{}",
+            kubelet.log(),
+            cm.log()
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
     // The kubelet registered its Node with its own identity (unauthenticated requests get 401).
@@ -328,4 +335,19 @@ fn components_with_their_own_identities_run_a_pod() {
     assert!(ok && out.trim() == format!("node/{node}"), "{out}");
     let (_, out) = run(&kubectl, &[&admin, "delete", "deployment", "web", "--wait=false"]);
     assert!(out.contains("deleted"), "{out}");
+    // The garbage collector removes its ReplicaSets and pods as generic-garbage-collector.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, out) = run(&kubectl, &[&admin, "get", "replicasets,pods", "-l", "app=web", "-o", "name"]);
+        if out.trim().is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "left after the deployment went: {out}\n{}", cm.log());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Every controller had the rights it needed (its role as its own account).
+    let log = cm.log();
+    let denied: Vec<String> =
+        log.lines().filter(|l| l.contains("is forbidden")).map(|l| l.chars().take(300).collect()).collect();
+    assert!(denied.is_empty(), "the controller-manager was refused:\n{}", denied.join("\n"));
 }

@@ -135,6 +135,7 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
                 rule(&["update"], &[BATCH], &["cronjobs/status"]),
                 rule(&["update"], &[BATCH], &["cronjobs/finalizers"]),
                 rule(&["list", "delete"], &[CORE], &["pods"]),
+                rule(&["patch"], &[BATCH], &["cronjobs/status"]), // ours: patches its status
                 events_rule(),
             ],
         ),
@@ -152,6 +153,7 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
                     &[APPS],
                     &["controllerrevisions"],
                 ),
+                rule(&["patch"], &[APPS], &["daemonsets/status"]), // ours: patches its status (and collisionCount)
                 events_rule(),
             ],
         ),
@@ -167,6 +169,8 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
                     &["replicasets"],
                 ),
                 rule(&["get", "list", "watch", "update"], &[CORE], &["pods"]),
+                rule(&["patch"], &[APPS], &["deployments"]), // ours: patches the revision annotation
+                rule(&["patch"], &[APPS], &["deployments/status"]), // ours: patches its status (and collisionCount)
                 events_rule(),
             ],
         ),
@@ -214,6 +218,8 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
                 rule(&["list"], &[CORE], &["pods"]),
                 rule(&["list"], &[METRICS], &["pods"]),
                 rule(&["get", "list", "watch"], &[CUSTOM_METRICS], &["*"]),
+                rule(&["patch"], &["*"], &["*/scale"]), // ours: patches the scale
+                rule(&["patch"], &[AUTOSCALING], &["horizontalpodautoscalers/status"]), // ours: patches its status
                 events_rule(),
             ],
         ),
@@ -224,6 +230,8 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
                 rule(&["update"], &[BATCH], &["jobs/status"]),
                 rule(&["update"], &[BATCH], &["jobs/finalizers"]),
                 rule(&["list", "watch", "create", "delete", "patch"], &[CORE], &["pods"]),
+                rule(&["patch"], &[BATCH], &["jobs/status"]), // ours: patches its status
+                rule(&["delete"], &[BATCH], &["jobs"]), // ours: ttlSecondsAfterFinished (upstream: ttl-after-finished)
                 events_rule(),
             ],
         ),
@@ -233,6 +241,7 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
                 rule(&["get", "list", "watch", "delete"], &[CORE], &["namespaces"]),
                 rule(&["update"], &[CORE], &["namespaces/finalize", "namespaces/status"]),
                 rule(&["get", "list", "delete", "deletecollection"], &["*"], &["*"]),
+                rule(&["patch"], &[CORE], &["namespaces/status"]), // ours: patches the deletion conditions
             ],
         ),
         (
@@ -254,6 +263,12 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
                 rule(&["update"], &[CORE], &["persistentvolumeclaims/status"]),
                 rule(&["list", "watch", "get", "create", "delete"], &[CORE], &["pods"]),
                 rule(&["watch", "get", "list"], &[STORAGE], &["storageclasses"]),
+                // ours: patches the provisioner annotations and the phases
+                rule(&["patch"], &[CORE], &["persistentvolumeclaims", "persistentvolumeclaims/status"]),
+                rule(&["patch"], &[CORE], &["persistentvolumes/status"]),
+                rule(&["create"], &[STORAGE], &["storageclasses"]), // ours: the default StorageClass
+                rule(&["get"], &[CORE], &["nodes"]),                // ours: the selected node's labels
+                rule(&["create"], &[CORE], &["namespaces"]),        // ours: the local-path helper pod's namespace
                 events_rule(),
             ],
         ),
@@ -267,13 +282,18 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
         ),
         (
             "pv-protection-controller",
-            vec![rule(&["get", "list", "watch", "update"], &[CORE], &["persistentvolumes"]), events_rule()],
+            vec![
+                rule(&["get", "list", "watch", "update"], &[CORE], &["persistentvolumes"]),
+                rule(&["patch"], &[CORE], &["persistentvolumes"]), // ours: patches the finalizer away
+                events_rule(),
+            ],
         ),
         (
             "pvc-protection-controller",
             vec![
                 rule(&["get", "list", "watch", "update"], &[CORE], &["persistentvolumeclaims"]),
                 rule(&["list", "watch", "get"], &[CORE], &["pods"]),
+                rule(&["patch"], &[CORE], &["persistentvolumeclaims"]), // ours: patches the finalizer away
                 events_rule(),
             ],
         ),
@@ -284,10 +304,26 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
                 rule(&["update"], &[APPS, EXTENSIONS], &["replicasets/status"]),
                 rule(&["update"], &[APPS, EXTENSIONS], &["replicasets/finalizers"]),
                 rule(&["list", "watch", "patch", "create", "delete"], &[CORE], &["pods"]),
+                rule(&["patch"], &[APPS], &["replicasets/status"]), // ours: patches its status
                 events_rule(),
             ],
         ),
-        ("service-account-controller", vec![rule(&["create"], &[CORE], &["serviceaccounts"]), events_rule()]),
+        (
+            "root-ca-cert-publisher",
+            vec![
+                rule(&["create", "update"], &[CORE], &["configmaps"]),
+                rule(&["get"], &[CORE], &["configmaps"]), // ours: gets before it writes
+                events_rule(),
+            ],
+        ),
+        (
+            "service-account-controller",
+            vec![
+                rule(&["create"], &[CORE], &["serviceaccounts"]),
+                rule(&["get"], &[CORE], &["serviceaccounts"]), // ours: gets before it writes
+                events_rule(),
+            ],
+        ),
         (
             "statefulset-controller",
             vec![
@@ -303,6 +339,8 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
                 ),
                 rule(&["get", "create"], &[CORE], &["persistentvolumeclaims"]),
                 rule(&["update", "delete"], &[CORE], &["persistentvolumeclaims"]),
+                rule(&["patch"], &[APPS], &["statefulsets/status"]), // ours: patches its status (and collisionCount)
+                rule(&["patch"], &[CORE], &["persistentvolumeclaims"]), // ours: patches claims' ownerReferences
                 events_rule(),
             ],
         ),
@@ -511,6 +549,17 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
             "rbac.authorization.k8s.io/aggregate-to-view",
         ),
         role("system:node", node_rules()),
+        // MiniK8s' kubeproxy also serves the cluster DNS and the Ingresses (what CoreDNS's and
+        // an ingress controller's roles grant), and publishes the DNS Service and its slices.
+        role(
+            "system:minik8s:kubeproxy",
+            vec![
+                rule(&["list", "watch"], &[NETWORKING], &["ingresses", "ingressclasses"]),
+                rule(&["update", "patch"], &[NETWORKING], &["ingresses/status"]),
+                rule(&["get", "create"], &[CORE], &["services"]),
+                rule(&["get", "create", "patch", "update"], &[DISCOVERY], &["endpointslices"]),
+            ],
+        ),
         role(
             "system:node-proxier",
             vec![
@@ -617,6 +666,7 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
         binding("system:basic-user", groups(&["system:authenticated"])),
         binding("system:public-info-viewer", groups(&["system:authenticated", "system:unauthenticated"])),
         binding("system:node-proxier", vec![subject("User", "system:kube-proxy", None)]),
+        binding("system:minik8s:kubeproxy", vec![subject("User", "system:kube-proxy", None)]),
         binding("system:kube-controller-manager", vec![subject("User", "system:kube-controller-manager", None)]),
         binding("system:kube-dns", vec![subject("ServiceAccount", "kube-dns", Some("kube-system"))]),
         binding("system:kube-scheduler", vec![subject("User", "system:kube-scheduler", None)]),
@@ -742,6 +792,118 @@ mod tests {
             find(&roles, "system:aggregate-to-view").metadata.labels.as_ref().unwrap()[BOOTSTRAPPING_LABEL.0],
             "rbac-defaults"
         );
+    }
+
+    /// What each controller of the controller-manager does under its own account with
+    /// `--use-service-account-credentials` (everything but collection reads and events):
+    /// (account, verb, group, resource, subresource).
+    const CONTROLLER_CALLS: &[(&str, &str, &str, &str, &str)] = &[
+        ("clusterrole-aggregation-controller", "patch", GROUP, "clusterroles", ""),
+        ("cronjob-controller", "create", BATCH, "jobs", ""),
+        ("cronjob-controller", "delete", BATCH, "jobs", ""),
+        ("cronjob-controller", "patch", BATCH, "cronjobs", "status"),
+        ("daemon-set-controller", "create", CORE, "pods", ""),
+        ("daemon-set-controller", "delete", CORE, "pods", ""),
+        ("daemon-set-controller", "patch", CORE, "pods", ""),
+        ("daemon-set-controller", "create", APPS, "controllerrevisions", ""),
+        ("daemon-set-controller", "get", APPS, "controllerrevisions", ""),
+        ("daemon-set-controller", "patch", APPS, "controllerrevisions", ""),
+        ("daemon-set-controller", "delete", APPS, "controllerrevisions", ""),
+        ("daemon-set-controller", "patch", APPS, "daemonsets", "status"),
+        ("deployment-controller", "create", APPS, "replicasets", ""),
+        ("deployment-controller", "get", APPS, "replicasets", ""),
+        ("deployment-controller", "patch", APPS, "replicasets", ""),
+        ("deployment-controller", "delete", APPS, "replicasets", ""),
+        ("deployment-controller", "patch", APPS, "deployments", ""),
+        ("deployment-controller", "patch", APPS, "deployments", "status"),
+        ("disruption-controller", "get", APPS, "replicasets", ""),
+        ("disruption-controller", "get", APPS, "deployments", ""),
+        ("disruption-controller", "get", APPS, "statefulsets", ""),
+        ("disruption-controller", "get", CORE, "replicationcontrollers", ""),
+        ("disruption-controller", "update", POLICY, "poddisruptionbudgets", "status"),
+        ("endpoint-controller", "get", CORE, "endpoints", ""),
+        ("endpoint-controller", "create", CORE, "endpoints", ""),
+        ("endpoint-controller", "update", CORE, "endpoints", ""),
+        ("endpointslice-controller", "create", DISCOVERY, "endpointslices", ""),
+        ("endpointslice-controller", "update", DISCOVERY, "endpointslices", ""),
+        ("endpointslice-controller", "delete", DISCOVERY, "endpointslices", ""),
+        ("generic-garbage-collector", "get", "example.com", "widgets", ""),
+        ("generic-garbage-collector", "patch", APPS, "deployments", ""),
+        ("generic-garbage-collector", "delete", CORE, "pods", ""),
+        ("horizontal-pod-autoscaler", "get", APPS, "deployments", "scale"),
+        ("horizontal-pod-autoscaler", "patch", APPS, "deployments", "scale"),
+        ("horizontal-pod-autoscaler", "patch", AUTOSCALING, "horizontalpodautoscalers", "status"),
+        ("horizontal-pod-autoscaler", "get", CUSTOM_METRICS, "pods", "requests_per_second"),
+        ("job-controller", "create", CORE, "pods", ""),
+        ("job-controller", "delete", CORE, "pods", ""),
+        ("job-controller", "delete", BATCH, "jobs", ""),
+        ("job-controller", "patch", BATCH, "jobs", "status"),
+        ("namespace-controller", "delete", "example.com", "widgets", ""),
+        ("namespace-controller", "patch", CORE, "namespaces", "status"),
+        ("namespace-controller", "update", CORE, "namespaces", "finalize"),
+        ("node-controller", "patch", CORE, "nodes", ""),
+        ("node-controller", "patch", CORE, "nodes", "status"),
+        ("node-controller", "delete", CORE, "pods", ""),
+        ("persistent-volume-binder", "get", CORE, "persistentvolumeclaims", ""),
+        ("persistent-volume-binder", "patch", CORE, "persistentvolumeclaims", ""),
+        ("persistent-volume-binder", "update", CORE, "persistentvolumeclaims", ""),
+        ("persistent-volume-binder", "patch", CORE, "persistentvolumeclaims", "status"),
+        ("persistent-volume-binder", "get", CORE, "persistentvolumes", ""),
+        ("persistent-volume-binder", "create", CORE, "persistentvolumes", ""),
+        ("persistent-volume-binder", "update", CORE, "persistentvolumes", ""),
+        ("persistent-volume-binder", "delete", CORE, "persistentvolumes", ""),
+        ("persistent-volume-binder", "patch", CORE, "persistentvolumes", "status"),
+        ("persistent-volume-binder", "create", STORAGE, "storageclasses", ""),
+        ("persistent-volume-binder", "get", CORE, "nodes", ""),
+        ("persistent-volume-binder", "create", CORE, "namespaces", ""),
+        ("persistent-volume-binder", "get", CORE, "pods", ""),
+        ("persistent-volume-binder", "create", CORE, "pods", ""),
+        ("persistent-volume-binder", "delete", CORE, "pods", ""),
+        ("pod-garbage-collector", "delete", CORE, "pods", ""),
+        ("pod-garbage-collector", "get", CORE, "nodes", ""),
+        ("pv-protection-controller", "patch", CORE, "persistentvolumes", ""),
+        ("pvc-protection-controller", "patch", CORE, "persistentvolumeclaims", ""),
+        ("replicaset-controller", "create", CORE, "pods", ""),
+        ("replicaset-controller", "patch", CORE, "pods", ""),
+        ("replicaset-controller", "delete", CORE, "pods", ""),
+        ("replicaset-controller", "patch", APPS, "replicasets", "status"),
+        ("root-ca-cert-publisher", "get", CORE, "configmaps", ""),
+        ("root-ca-cert-publisher", "create", CORE, "configmaps", ""),
+        ("root-ca-cert-publisher", "update", CORE, "configmaps", ""),
+        ("service-account-controller", "get", CORE, "serviceaccounts", ""),
+        ("service-account-controller", "create", CORE, "serviceaccounts", ""),
+        ("statefulset-controller", "create", CORE, "pods", ""),
+        ("statefulset-controller", "patch", CORE, "pods", ""),
+        ("statefulset-controller", "delete", CORE, "pods", ""),
+        ("statefulset-controller", "create", CORE, "persistentvolumeclaims", ""),
+        ("statefulset-controller", "patch", CORE, "persistentvolumeclaims", ""),
+        ("statefulset-controller", "create", APPS, "controllerrevisions", ""),
+        ("statefulset-controller", "get", APPS, "controllerrevisions", ""),
+        ("statefulset-controller", "patch", APPS, "controllerrevisions", ""),
+        ("statefulset-controller", "delete", APPS, "controllerrevisions", ""),
+        ("statefulset-controller", "patch", APPS, "statefulsets", "status"),
+    ];
+
+    #[test]
+    fn every_controller_account_may_do_what_its_controller_does() {
+        use super::super::rbac::{api_group_matches, resource_matches, verb_matches};
+        let roles: BTreeMap<&str, Vec<PolicyRule>> = controller_roles().into_iter().collect();
+        for (account, verb, group, resource, sub) in CONTROLLER_CALLS {
+            let rules = roles.get(account).unwrap_or_else(|| panic!("no role for {account}"));
+            assert!(
+                rules.iter().any(|r| verb_matches(r, verb)
+                    && api_group_matches(r, group)
+                    && resource_matches(r, resource, sub)),
+                "{account} cannot {verb} {group}/{resource}/{sub}"
+            );
+        }
+        // Every account `credentials::service_account` (controller-manager) names.
+        let mut accounts: Vec<&str> = CONTROLLER_CALLS.iter().map(|c| c.0).collect();
+        accounts.sort();
+        accounts.dedup();
+        let mut have: Vec<&str> = roles.keys().copied().collect();
+        have.sort();
+        assert_eq!(accounts, have);
     }
 
     #[test]

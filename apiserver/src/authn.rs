@@ -1,6 +1,6 @@
 //! Authentication: x509 client certificates (`--client-ca-file`), then static tokens
-//! (`--token-auth-file`), then ServiceAccount tokens (`--service-account-key-file`), in
-//! Kubernetes' order. [`decide`] says which credential a request carries (pure);
+//! (`--token-auth-file`), then bootstrap tokens and ServiceAccount tokens, in Kubernetes'
+//! order. [`decide`] says which credential a request carries (pure);
 //! [`Authenticators`] finds a bearer token's user.
 //!
 //! x509: the secure port's TLS handshake verifies a presented client certificate against the
@@ -212,12 +212,13 @@ pub trait TokenUser: Send + Sync {
     fn user<'a>(&'a self, token: &'a str, audiences: Option<&'a [String]>) -> TokenFuture<'a>;
 }
 
-/// The token authenticators, asked in Kubernetes' order: the token file, then
-/// ServiceAccount tokens. The request path and TokenReview share them.
+/// The token authenticators, asked in Kubernetes' order: the token file, then those that
+/// look tokens up (bootstrap tokens, ServiceAccount tokens). The request path and
+/// TokenReview share them.
 #[derive(Clone, Default)]
 pub struct Authenticators {
     pub tokens: Option<Arc<TokenAuthenticator>>,
-    pub service_accounts: Option<Arc<dyn TokenUser>>,
+    pub lookups: Vec<Arc<dyn TokenUser>>,
 }
 
 impl Authenticators {
@@ -230,10 +231,12 @@ impl Authenticators {
         if let Some(user) = self.tokens.as_ref().and_then(|t| t.lookup(token)) {
             return Some((user.clone(), audiences.map(<[String]>::to_vec).unwrap_or_default()));
         }
-        match &self.service_accounts {
-            Some(sa) => sa.user(token, audiences).await,
-            None => None,
+        for lookup in &self.lookups {
+            if let Some(found) = lookup.user(token, audiences).await {
+                return Some(found);
+            }
         }
+        None
     }
 }
 
@@ -372,19 +375,17 @@ mod tests {
 
     #[tokio::test]
     async fn the_token_file_comes_before_service_account_tokens() {
-        let both = Authenticators { tokens: Some(Arc::new(auth())), service_accounts: Some(Arc::new(Fixed)) };
+        let both = Authenticators { tokens: Some(Arc::new(auth())), lookups: vec![Arc::new(Fixed)] };
         assert_eq!(both.token("s3cr3t", None).await.unwrap().0.name, "admin");
         assert_eq!(both.token("jwt", None).await.unwrap().0.name, "sa-jwt");
         assert_eq!(both.token("wrong", None).await, None);
         assert_eq!(both.token("", None).await, None);
         let aud = ["vault".to_string()];
         assert_eq!(both.token("s3cr3t", Some(&aud)).await.unwrap().1, aud, "a file token is good for any audience");
-        let file_only = Authenticators { tokens: Some(Arc::new(auth())), service_accounts: None };
+        let file_only = Authenticators { tokens: Some(Arc::new(auth())), lookups: vec![] };
         assert_eq!(file_only.token("jwt", None).await, None);
-        let empty = Authenticators {
-            tokens: Some(Arc::new(TokenAuthenticator::parse(b"", "f").unwrap())),
-            service_accounts: None,
-        };
+        let empty =
+            Authenticators { tokens: Some(Arc::new(TokenAuthenticator::parse(b"", "f").unwrap())), lookups: vec![] };
         assert_eq!(empty.token("x", None).await, None, "an empty file lets nobody in");
     }
 
@@ -396,7 +397,7 @@ mod tests {
 
         let router = layer(
             Router::new().route("/api", get(|| async { "api" })).route("/healthz", get(|| async { "ok" })),
-            Arc::new(Authenticators { tokens: Some(Arc::new(auth())), service_accounts: None }),
+            Arc::new(Authenticators { tokens: Some(Arc::new(auth())), lookups: vec![] }),
         );
         let call = |path: &str, token: Option<&str>| {
             let mut req = Request::builder().uri(path);

@@ -13,6 +13,7 @@ use storage::Store;
 pub mod admission;
 pub mod authn;
 pub mod authz;
+pub mod bootstraptoken;
 pub mod continuetoken;
 pub mod crds;
 pub mod discovery;
@@ -69,6 +70,8 @@ pub struct Options {
     pub service_account_issuer: Option<Arc<serviceaccount::Issuer>>,
     /// `--authorization-mode`, in order.
     pub authorization_modes: Vec<authz::Mode>,
+    /// `--enable-bootstrap-token-auth`.
+    pub enable_bootstrap_token_auth: bool,
 }
 
 impl Default for Options {
@@ -86,6 +89,7 @@ impl Default for Options {
             tokens: None,
             service_account_issuer: None,
             authorization_modes: vec![authz::Mode::AlwaysAllow],
+            enable_bootstrap_token_auth: false,
         }
     }
 }
@@ -108,16 +112,27 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         timing: watch::WatchTiming { bookmark_interval: opts.watch_bookmark_interval },
         authenticators: Arc::new(authn::Authenticators {
             tokens: opts.tokens.clone(),
-            service_accounts: opts.service_account_issuer.clone().map(|issuer| {
-                Arc::new(serviceaccount::authenticator::ServiceAccountAuthenticator {
-                    issuer,
-                    registry: registry.clone(),
-                }) as Arc<dyn authn::TokenUser>
-            }),
+            lookups: token_lookups(opts, &registry),
         }),
         service_account_issuer: opts.service_account_issuer.clone(),
         authz: Arc::new(authz::Authorizer::new(opts.authorization_modes.clone())),
     }))
+}
+
+/// The authenticators that look a token up, in Kubernetes' order.
+fn token_lookups(opts: &Options, registry: &Arc<Registry>) -> Vec<Arc<dyn authn::TokenUser>> {
+    let mut out: Vec<Arc<dyn authn::TokenUser>> = Vec::new();
+    if opts.enable_bootstrap_token_auth {
+        out.push(Arc::new(bootstraptoken::BootstrapTokenAuthenticator { registry: registry.clone() }));
+    }
+    if let Some(issuer) = &opts.service_account_issuer {
+        let registry = registry.clone();
+        out.push(Arc::new(serviceaccount::authenticator::ServiceAccountAuthenticator {
+            issuer: issuer.clone(),
+            registry,
+        }));
+    }
+    out
 }
 
 /// The namespaces every cluster has.

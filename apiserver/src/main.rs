@@ -13,6 +13,10 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     bind_address: String,
+    /// Accept bootstrap tokens (`bootstrap.kubernetes.io/token` Secrets in kube-system) as
+    /// credentials: `system:bootstrap:<id>` in `system:bootstrappers`.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    enable_bootstrap_token_auth: bool,
     /// The IP address this apiserver is reached at by the cluster: the `kubernetes`
     /// Service's endpoints (how pods reach the API) and discovery's server address. Not a
     /// loopback address: pods cannot reach the host's.
@@ -216,6 +220,7 @@ async fn main() -> anyhow::Result<()> {
         max_mutating_requests_inflight: args.max_mutating_requests_inflight,
         advertise_address: advertise,
         endpoint_ip: args.advertise_address,
+        enable_bootstrap_token_auth: args.enable_bootstrap_token_auth,
         port: served_port,
         watch_bookmark_interval,
         watch_cache_size: args.default_watch_cache_size,

@@ -383,3 +383,61 @@ async fn ten_thousand_bad_tokens_are_all_refused() -> Result<()> {
     ensure!(!api.log().contains("panicked"), "the apiserver panicked");
     Ok(())
 }
+
+/// Bootstrap tokens (`--enable-bootstrap-token-auth`), made as kubeadm makes them: a
+/// `bootstrap.kubernetes.io/token` Secret in kube-system. The official kubectl with the token
+/// is `system:bootstrap:<id>` in `system:bootstrappers` and the extra group; an expired token,
+/// a wrong secret and a token not for authentication are 401.
+#[tokio::test(flavor = "multi_thread")]
+async fn bootstrap_tokens_authenticate_until_they_expire() -> Result<()> {
+    let api = ApiServer::start_tls(&[], &["--enable-bootstrap-token-auth"])?;
+    let admin = api.identity("admin.conf");
+    let dir = tempfile::tempdir()?;
+    let make = |id: &str, expiration: &str, usage: &str| -> Result<()> {
+        let out = kubectl_as(
+            &admin,
+            &[
+                "create",
+                "secret",
+                "generic",
+                &format!("bootstrap-token-{id}"),
+                "-n",
+                "kube-system",
+                "--type=bootstrap.kubernetes.io/token",
+                &format!("--from-literal=token-id={id}"),
+                "--from-literal=token-secret=0123456789abcdef",
+                &format!("--from-literal=expiration={expiration}"),
+                &format!("--from-literal=usage-bootstrap-authentication={usage}"),
+                "--from-literal=auth-extra-groups=system:bootstrappers:kubeadm:default-node-token",
+            ],
+        )?;
+        ensure!(out.ok, "create bootstrap token {id}: {out:?}");
+        Ok(())
+    };
+    make("abcdef", "2999-01-01T00:00:00Z", "true")?;
+    make("oldtok", "2000-01-01T00:00:00Z", "true")?;
+    make("signin", "2999-01-01T00:00:00Z", "false")?;
+    let whoami = |token: &str| -> Result<e2e::KubectlOutput> {
+        let kc = dir.path().join("bootstrap.kubeconfig");
+        std::fs::write(&kc, token_kubeconfig(&api, token))?;
+        kubectl_as(&kc, &["auth", "whoami", "-o", "jsonpath={.status.userInfo.username} {.status.userInfo.groups}"])
+    };
+    let out = whoami("abcdef.0123456789abcdef")?;
+    ensure!(out.ok, "{out:?}");
+    ensure!(out.stdout.starts_with("system:bootstrap:abcdef "), "{out:?}");
+    ensure!(
+        out.stdout.contains("system:bootstrappers")
+            && out.stdout.contains("system:bootstrappers:kubeadm:default-node-token"),
+        "{out:?}"
+    );
+    for (token, why) in [
+        ("oldtok.0123456789abcdef", "expired"),
+        ("abcdef.0123456789abcdeX", "wrong secret"),
+        ("signin.0123456789abcdef", "not for authentication"),
+        ("nosuch.0123456789abcdef", "no secret"),
+    ] {
+        let out = whoami(token)?;
+        ensure!(!out.ok && out.stderr.contains("Unauthorized"), "{why}: {out:?}");
+    }
+    Ok(())
+}

@@ -557,7 +557,7 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                 rule(&["list", "watch"], &[NETWORKING], &["ingresses", "ingressclasses"]),
                 rule(&["update", "patch"], &[NETWORKING], &["ingresses/status"]),
                 rule(&["get", "create"], &[CORE], &["services"]),
-                rule(&["get", "create", "patch", "update"], &[DISCOVERY], &["endpointslices"]),
+                rule(&["get", "create", "patch", "update", "delete"], &[DISCOVERY], &["endpointslices"]),
             ],
         ),
         role(

@@ -69,17 +69,23 @@ pub struct Credentials {
     own: kube::Client,
     /// Private directory of the token files.
     dir: tempfile::TempDir,
+    /// One client (one token, one refresher) per account: two controllers may share one
+    /// (`node-controller`).
+    made: std::collections::HashMap<String, kube::Client>,
 }
 
 impl Credentials {
     pub fn new(base: kube::Config, own: kube::Client) -> anyhow::Result<Credentials> {
         let dir = tempfile::Builder::new().prefix("controller-tokens").tempdir().context("a directory for tokens")?;
-        Ok(Credentials { base, own, dir })
+        Ok(Credentials { base, own, dir, made: Default::default() })
     }
 
     /// A client that authenticates as `account` (in [`NAMESPACE`]), with a refresher that
     /// keeps its token current for as long as the process runs.
-    pub async fn client(&self, account: &str) -> anyhow::Result<kube::Client> {
+    pub async fn client(&mut self, account: &str) -> anyhow::Result<kube::Client> {
+        if let Some(client) = self.made.get(account) {
+            return Ok(client.clone());
+        }
         let accounts: Api<ServiceAccount> = Api::namespaced(self.own.clone(), NAMESPACE);
         let mut sa = ServiceAccount::default();
         sa.metadata.name = Some(account.to_string());
@@ -96,7 +102,9 @@ impl Credentials {
             kube::config::AuthInfo { token_file: Some(path.display().to_string()), ..Default::default() };
         let default_ns = config.default_namespace.clone();
         let writes = kube::Client::try_from(config).with_context(|| format!("a client for {account}"))?;
-        Ok(kube::Client::new(ByRequest { reads: self.own.clone(), writes }, default_ns))
+        let client = kube::Client::new(ByRequest { reads: self.own.clone(), writes }, default_ns);
+        self.made.insert(account.to_string(), client.clone());
+        Ok(client)
     }
 }
 

@@ -250,7 +250,7 @@ async fn main() -> anyhow::Result<()> {
     let mut tasks = tokio::task::JoinSet::new();
     // One discovery catalog for the controllers that follow every served kind.
     let mut catalog = None;
-    let credentials = if args.use_service_account_credentials {
+    let mut credentials = if args.use_service_account_credentials {
         Some(credentials::Credentials::new(config, client.clone())?)
     } else {
         None
@@ -258,7 +258,7 @@ async fn main() -> anyhow::Result<()> {
     for c in &enabled {
         // The client this controller writes with: its own account's, or this process's.
         let own = client.clone();
-        let client = match &credentials {
+        let client = match &mut credentials {
             Some(creds) => creds.client(credentials::service_account(c)).await?,
             None => own.clone(),
         };

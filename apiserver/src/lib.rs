@@ -166,10 +166,9 @@ pub async fn bootstrap(state: &server::AppState, opts: &Options) -> Result<(), e
         Err(e) => return Err(e),
     }
     if let Some(ip) = opts.endpoint_ip {
-        for (plural, body) in kubernetes_endpoints(ip, opts.port) {
-            let res =
-                resources::find_by_plural(if plural == "endpointslices" { "discovery.k8s.io" } else { "" }, plural)
-                    .ok_or_else(|| error::ApiError::internal(format!("no {plural} resource")))?;
+        for (group, plural, body) in kubernetes_endpoints(ip, opts.port) {
+            let res = resources::find_by_plural(group, plural)
+                .ok_or_else(|| error::ApiError::internal(format!("no {plural} resource")))?;
             upsert(reg, res, "default", "kubernetes", body).await?;
         }
         tracing::info!(%ip, port = opts.port, "the kubernetes service's endpoints name this apiserver");
@@ -180,16 +179,18 @@ pub async fn bootstrap(state: &server::AppState, opts: &Options) -> Result<(), e
 /// The `kubernetes` Service's Endpoints and EndpointSlice: this apiserver at `ip:port`
 /// (what kube-apiserver's endpoint reconciler writes; the Service has no selector, so no
 /// controller owns them).
-pub fn kubernetes_endpoints(ip: std::net::IpAddr, port: u16) -> [(&'static str, Value); 2] {
+pub fn kubernetes_endpoints(ip: std::net::IpAddr, port: u16) -> [(&'static str, &'static str, Value); 2] {
     let family = if ip.is_ipv4() { "IPv4" } else { "IPv6" };
     [
         (
+            "",
             "endpoints",
             json!({"apiVersion": "v1", "kind": "Endpoints",
                 "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
                 "subsets": [{"addresses": [{"ip": ip.to_string()}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}]}),
         ),
         (
+            "discovery.k8s.io",
             "endpointslices",
             json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                 "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"kubernetes.io/service-name": "kubernetes"}},

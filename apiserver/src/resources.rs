@@ -532,14 +532,20 @@ pub fn all() -> Vec<&'static ResourceDef> {
     v
 }
 
+/// The first resource, built-in then custom (the order of [`all`]), that `pred` accepts,
+/// without collecting them: lookups run on every request.
+fn first(pred: impl Fn(&ResourceDef) -> bool) -> Option<&'static ResourceDef> {
+    RESOURCES.iter().find(|r| pred(r)).or_else(|| CUSTOM.read().ok()?.iter().copied().find(|r| pred(r)))
+}
+
 /// Look up a resource by group, version and plural.
 pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
-    all().into_iter().find(|r| r.group == group && r.version == version && r.plural == plural)
+    first(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
 /// Look up the storage (preferred) definition of a resource by plural and group.
 pub fn find_by_plural(group: &str, plural: &str) -> Option<&'static ResourceDef> {
-    all().into_iter().find(|r| r.group == group && r.plural == plural)
+    first(|r| r.group == group && r.plural == plural)
 }
 
 #[cfg(test)]

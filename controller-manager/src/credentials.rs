@@ -170,7 +170,7 @@ async fn request_token(accounts: &Api<ServiceAccount>, account: &str, path: &Pat
         })?;
     let token = answer.status.and_then(|s| s.token).unwrap_or_default();
     anyhow::ensure!(!token.is_empty(), "the TokenRequest for {account} returned no token");
-    write_private(path, token.as_bytes())?;
+    common::write_private(path, token.as_bytes())?;
     Ok(answer.spec.and_then(|s| s.expiration_seconds).unwrap_or(TOKEN_SECONDS))
 }
 
@@ -185,21 +185,6 @@ async fn refresh(accounts: Api<ServiceAccount>, account: String, path: PathBuf, 
             }
         }
     }
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(bytes)?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))
 }
 
 #[cfg(test)]

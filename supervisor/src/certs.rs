@@ -5,8 +5,7 @@
 //! written to a temporary name and renamed, so a reader never sees half a file.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -109,7 +108,7 @@ pub fn run(cmd: Certs) -> anyhow::Result<()> {
             };
             let groups: Vec<String> = group.into_iter().collect();
             let kc = pki::user_kubeconfig(&ca, &server, &user, &groups, now)?;
-            write_private(&out, kc.as_bytes())?;
+            common::write_private(&out, kc.as_bytes())?;
             println!(
                 "[kubeconfig] wrote {} for user {user:?}{}",
                 out.display(),
@@ -156,30 +155,15 @@ fn apply(dir: &Path, spec: &Spec, mode: Mode, now: time::OffsetDateTime) -> anyh
     let mut names: Vec<&String> = files.keys().collect();
     names.sort_by_key(|n| (!n.starts_with("ca."), n.to_string()));
     for name in names {
-        write_private(&dir.join(name), files[name].as_bytes())?;
+        common::write_private(&dir.join(name), files[name].as_bytes())?;
         let verb = if existing.contains_key(name) { "renewed" } else { "generated" };
         println!("[certs] {verb} {}", dir.join(name).display());
     }
     if files.is_empty() {
         println!("[certs] every certificate in {} is current; nothing to do", dir.display());
     }
-    write_private(&dir.join(SPEC_FILE), serde_json::to_string_pretty(spec)?.as_bytes())?;
+    common::write_private(&dir.join(SPEC_FILE), serde_json::to_string_pretty(spec)?.as_bytes())?;
     Ok(())
-}
-
-/// Write `path` with mode 0600 through a temporary file and a rename.
-fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{file_name}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(bytes).and_then(|()| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
 #[cfg(test)]

@@ -61,10 +61,7 @@ pub fn validate(
     if let Some(why) = check_object("ServiceAccount", &k.serviceaccount.name, &k.serviceaccount.uid, account, now) {
         return invalid(why);
     }
-    let bound_ref = [("Pod", &k.pod), ("Secret", &k.secret), ("Node", &k.node)]
-        .into_iter()
-        .find_map(|(kind, r)| r.as_ref().map(|r| (kind, r)));
-    if let Some((kind, r)) = bound_ref {
+    if let Some((kind, _, r)) = bound_of(claims) {
         if let Some(why) = check_object(kind, &r.name, &r.uid, bound, now) {
             return invalid(why);
         }
@@ -76,16 +73,12 @@ pub fn validate(
     })
 }
 
-/// The stored object a token is bound to, as (resource, namespace, name).
-fn bound_key(claims: &Claims) -> Option<(&'static str, &str, &str)> {
+/// The object a token is bound to: its kind, its resource and the reference.
+fn bound_of(claims: &Claims) -> Option<(&'static str, &'static str, &token::Ref)> {
     let k = &claims.kubernetes;
-    if let Some(p) = &k.pod {
-        return Some(("pods", k.namespace.as_str(), p.name.as_str()));
-    }
-    if let Some(s) = &k.secret {
-        return Some(("secrets", k.namespace.as_str(), s.name.as_str()));
-    }
-    k.node.as_ref().map(|n| ("nodes", "", n.name.as_str()))
+    [("Pod", "pods", &k.pod), ("Secret", "secrets", &k.secret), ("Node", "nodes", &k.node)]
+        .into_iter()
+        .find_map(|(kind, plural, r)| r.as_ref().map(|r| (kind, plural, r)))
 }
 
 /// Reads what a token names from the registry and asks [`validate`].
@@ -114,8 +107,11 @@ impl ServiceAccountAuthenticator {
         };
         let k = &claims.kubernetes;
         let account = self.read("serviceaccounts", &k.namespace, &k.serviceaccount.name).await?;
-        let bound = match bound_key(&claims) {
-            Some((plural, ns, name)) => self.read(plural, ns, name).await?,
+        let bound = match bound_of(&claims) {
+            // Nodes are cluster-scoped.
+            Some((kind, plural, r)) => {
+                self.read(plural, if kind == "Node" { "" } else { &k.namespace }, &r.name).await?
+            }
             None => None,
         };
         let user = validate(&claims, account.as_ref(), bound.as_ref(), now)?;
@@ -198,7 +194,7 @@ mod tests {
     fn an_unbound_token_needs_only_its_account() {
         let c = claims("iss", vec!["iss".into()], "ci", Ref { name: "b".into(), uid: "u".into() }, None, 0, 600);
         assert!(validate(&c, Some(&obj("u", None)), None, 1).is_ok());
-        assert_eq!(bound_key(&c), None);
-        assert_eq!(bound_key(&token_of_pod()), Some(("pods", "ci", "web-1")));
+        assert!(bound_of(&c).is_none());
+        assert!(matches!(bound_of(&token_of_pod()), Some(("Pod", "pods", r)) if r.name == "web-1"));
     }
 }

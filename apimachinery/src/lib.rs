@@ -11,6 +11,7 @@
 //! - [`labels`] — label selectors: the string form, `metav1.LabelSelector`, matching.
 //! - [`validation`] — the rules for names, label keys and label values.
 //! - [`scheduling`] — tolerations against taints and node selectors against nodes.
+//! - [`resources`] — native, hugepage and extended resource names.
 
 pub mod duration;
 pub mod fieldmanager;
@@ -18,6 +19,7 @@ pub mod labels;
 pub mod names;
 pub mod printers;
 pub mod quantity;
+pub mod resources;
 pub mod scheduling;
 pub mod strategicpatch;
 pub mod validation;

@@ -56,6 +56,9 @@ pub struct Kubelet {
     /// Every Service, from one watch: their environment variables (`envvars.rs`) cost no
     /// request per pod sync.
     pub services: reflector::Store<Service>,
+    /// Device plugins and the devices containers hold (`None`: another kubelet on this host
+    /// serves the device-plugin directory).
+    pub devices: Option<Arc<crate::devicemanager::DeviceManager>>,
 }
 
 impl Kubelet {
@@ -70,6 +73,7 @@ impl Kubelet {
         net: Arc<PodNetwork>,
         metrics: Metrics,
         dns: crate::dns::Settings,
+        devices: Option<Arc<crate::devicemanager::DeviceManager>>,
         pod_worker: PodWorker,
     ) -> Arc<Kubelet> {
         let events = crate::events::Events::new(client.clone(), &node);
@@ -95,11 +99,24 @@ impl Kubelet {
             stats: Default::default(),
             tokens: Default::default(),
             services,
+            devices,
         })
     }
 
     pub fn pod(&self, uid: &str) -> Option<Pod> {
         self.pods.lock().ok().and_then(|p| p.get(uid).cloned())
+    }
+
+    /// The UIDs of this node's pods that may still run containers (not Succeeded or Failed):
+    /// the pods whose devices stay held.
+    pub fn active_pods(&self) -> HashSet<String> {
+        let Ok(pods) = self.pods.lock() else { return HashSet::new() };
+        pods.iter()
+            .filter(|(_, p)| {
+                !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed"))
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect()
     }
 
     pub fn synced(&self) -> bool {

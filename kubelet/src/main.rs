@@ -5,6 +5,7 @@
 mod backoff;
 mod cgroups;
 mod cidr;
+mod devicemanager;
 mod dns;
 mod envvars;
 mod events;
@@ -83,6 +84,10 @@ struct Flags {
     /// How often the running containers' CPU and memory are sampled (`/stats/summary`'s resolution).
     #[arg(long = "housekeeping-interval", default_value = "10s", value_parser = parse_seconds)]
     housekeeping_interval: std::time::Duration,
+    /// The directory where device plugins register (`kubelet.sock`) and serve their sockets.
+    /// A directory another kubelet serves leaves this one without device plugins.
+    #[arg(long = "device-plugin-path", default_value = deviceplugin::DEFAULT_DIR)]
+    device_plugin_path: PathBuf,
     /// Log level (`info`, `debug`, or a tracing filter); RUST_LOG overrides it.
     #[arg(long = "log-level", default_value = "info")]
     log_level: String,
@@ -149,6 +154,13 @@ async fn main() -> Result<()> {
         host_hosts: std::fs::read_to_string("/etc/hosts").unwrap_or_default(),
     };
     let net = Arc::new(network::PodNetwork::new(&node_name, rt.clone(), pod_cidr));
+    let devices = match devicemanager::DeviceManager::start(&flags.device_plugin_path).await {
+        Ok(dm) => Some(dm),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "device plugins disabled");
+            None
+        }
+    };
     let k = kubelet::Kubelet::new(
         client,
         rt.clone(),
@@ -159,6 +171,7 @@ async fn main() -> Result<()> {
         net,
         metrics,
         dns,
+        devices,
         |k, uid, rx| Box::pin(worker::run(k, uid, rx)),
     );
     tracing::info!(node = %node_name, node_ip, docker = %docker_version, pod_cidr = ?pod_cidr,

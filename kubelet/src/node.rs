@@ -126,10 +126,12 @@ fn condition(
     }
 }
 
-/// The Node's status (pure, given the host facts and the images).
+/// The Node's status (pure, given the host facts, the images and the device plugins'
+/// resources: name → (capacity, allocatable)).
 #[allow(clippy::too_many_arguments)]
 pub fn node_status(
     host: &Host,
+    devices: &BTreeMap<String, (usize, usize)>,
     node_ip: &str,
     hostname: &str,
     docker_version: &str,
@@ -149,6 +151,11 @@ pub fn node_status(
     // Kubernetes' default eviction threshold: memory.available<100Mi.
     allocatable.insert("memory".into(), q(format!("{}Ki", host.memory_bytes.saturating_sub(100 << 20) / 1024)));
     allocatable.insert("ephemeral-storage".into(), q(format!("{}", host.ephemeral_bytes / 10 * 9)));
+    let mut capacity = capacity;
+    for (name, (cap, alloc)) in devices {
+        capacity.insert(name.clone(), q(cap.to_string()));
+        allocatable.insert(name.clone(), q(alloc.to_string()));
+    }
     NodeStatus {
         capacity: Some(capacity),
         allocatable: Some(allocatable),
@@ -260,8 +267,10 @@ pub async fn update_status(k: &Arc<Kubelet>, port: u16, docker_version: &str) ->
     }
     let host = host_facts(&k.root_dir);
     let images = k.rt.images().await.unwrap_or_default();
+    let devices = k.devices.as_ref().map(|d| d.node_resources()).unwrap_or_default();
     let status = node_status(
         &host,
+        &devices,
         &k.node_ip,
         &k.node,
         docker_version,
@@ -280,8 +289,27 @@ pub async fn update_status(k: &Arc<Kubelet>, port: u16, docker_version: &str) ->
 pub async fn heartbeat(k: Arc<Kubelet>, port: u16, docker_version: String) {
     let mut tick = tokio::time::interval(Duration::from_secs(10));
     let mut n: u64 = 0;
+    let mut devices = k.devices.as_ref().map(|d| d.subscribe());
     loop {
-        tick.tick().await;
+        let device_change = async {
+            match devices.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = device_change => {
+                // A device plugin's devices changed: report them now, not at the next minute.
+                if !changed {
+                    devices = None;
+                }
+                if let Err(e) = update_status(&k, port, &docker_version).await {
+                    tracing::warn!(error = %format!("{e:#}"), "updating the node status failed");
+                }
+                continue;
+            }
+        }
         if let Err(e) = renew_lease(&k).await {
             tracing::warn!(error = %format!("{e:#}"), "renewing the node lease failed");
         }
@@ -351,8 +379,12 @@ mod tests {
     #[test]
     fn status_has_capacity_and_ready() {
         let host = Host { cpus: 2, memory_bytes: 4 << 30, ephemeral_bytes: 10 << 30, ..Default::default() };
-        let s = node_status(&host, "10.0.0.1", "n1", "20.10.24", 10250, &[], None, Time(jiff::Timestamp::now()));
+        let devices = BTreeMap::from([("example.com/widget".to_string(), (3, 2))]);
+        let s =
+            node_status(&host, &devices, "10.0.0.1", "n1", "20.10.24", 10250, &[], None, Time(jiff::Timestamp::now()));
+        assert_eq!(s.allocatable.as_ref().unwrap()["example.com/widget"].0, "2");
         let cap = s.capacity.unwrap();
+        assert_eq!(cap["example.com/widget"].0, "3");
         assert_eq!(cap["cpu"].0, "2");
         assert_eq!(cap["pods"].0, "110");
         assert_eq!(s.node_info.unwrap().container_runtime_version, "docker://20.10.24");

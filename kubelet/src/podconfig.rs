@@ -9,8 +9,9 @@ use apimachinery::quantity;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EphemeralContainer, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use crate::devicemanager::ContainerDevices;
 use crate::labels::{self, Kind, PodRef};
-use crate::runtime::{ContainerCreateBody, HostConfig};
+use crate::runtime::{ContainerCreateBody, DeviceMapping, DeviceRequest, HostConfig};
 
 /// A spec the kubelet cannot turn into a container: the pod waits with
 /// `CreateContainerConfigError` and this message.
@@ -385,6 +386,65 @@ pub fn container_body(pod: &Pod, c: &Container, cx: &ContainerContext) -> Result
     })
 }
 
+/// Docker's device requests for CDI device names: NVIDIA GPUs (`nvidia.com/gpu=<id>`) as one
+/// request for the `nvidia` driver with the `gpu` capability (what `docker run --gpus
+/// device=<id>` sends, carried out by the NVIDIA container toolkit); any other name as a
+/// request for Docker's `cdi` driver (Docker 25 and later with CDI enabled).
+pub fn device_requests(cdi: &[String]) -> Vec<DeviceRequest> {
+    let mut gpus = Vec::new();
+    let mut out = Vec::new();
+    for name in cdi {
+        match name.strip_prefix("nvidia.com/gpu=") {
+            Some(id) => gpus.push(id.to_string()),
+            None => out.push(DeviceRequest {
+                driver: Some("cdi".into()),
+                device_ids: Some(vec![name.clone()]),
+                ..Default::default()
+            }),
+        }
+    }
+    if !gpus.is_empty() {
+        out.insert(
+            0,
+            DeviceRequest {
+                driver: Some("nvidia".into()),
+                device_ids: Some(gpus),
+                capabilities: Some(vec![vec!["gpu".into()]]),
+                ..Default::default()
+            },
+        );
+    }
+    out
+}
+
+/// Add what a container's device plugins asked for to its create body: environment
+/// variables, bind mounts, device nodes, runtime annotations (as labels: Docker's API here
+/// has no annotations) and CDI devices.
+pub fn add_devices(body: &mut ContainerCreateBody, d: &ContainerDevices) {
+    let env = body.env.get_or_insert_with(Vec::new);
+    env.extend(d.envs.iter().map(|(k, v)| format!("{k}={v}")));
+    let labels = body.labels.get_or_insert_with(HashMap::new);
+    labels.extend(d.annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let h = body.host_config.get_or_insert_with(HostConfig::default);
+    let binds = h.binds.get_or_insert_with(Vec::new);
+    binds.extend(
+        d.mounts
+            .iter()
+            .map(|m| format!("{}:{}{}", m.host_path, m.container_path, if m.read_only { ":ro" } else { "" })),
+    );
+    if !d.devices.is_empty() {
+        h.devices.get_or_insert_with(Vec::new).extend(d.devices.iter().map(|s| DeviceMapping {
+            path_on_host: Some(s.host_path.clone()),
+            path_in_container: Some(s.container_path.clone()),
+            cgroup_permissions: Some(if s.permissions.is_empty() { "rwm".into() } else { s.permissions.clone() }),
+        }));
+    }
+    let requests = device_requests(&d.cdi);
+    if !requests.is_empty() {
+        h.device_requests.get_or_insert_with(Vec::new).extend(requests);
+    }
+}
+
 /// The pause container: owns the pod's network namespace (`none`: the kubelet plugs it in)
 /// and its IPC namespace.
 pub fn sandbox_body(pod: &Pod, node: &str, image: &str, pod_ip: &str, host_network: bool) -> ContainerCreateBody {
@@ -420,6 +480,45 @@ pub fn pod_ref(pod: &Pod) -> PodRef {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn device_plugin_answers_become_docker_settings() {
+        use deviceplugin::v1beta1::{DeviceSpec, Mount};
+        let d = ContainerDevices {
+            envs: [("WIDGET_DEVICES".to_string(), "widget-1".to_string())].into(),
+            mounts: vec![Mount {
+                container_path: "/devices/widget-1".into(),
+                host_path: "/s/widget-1".into(),
+                read_only: true,
+            }],
+            devices: vec![DeviceSpec {
+                container_path: "/dev/widget-1".into(),
+                host_path: "/dev/null".into(),
+                permissions: "rw".into(),
+            }],
+            annotations: [("example.com/widget".to_string(), "widget-1".to_string())].into(),
+            cdi: vec!["nvidia.com/gpu=GPU-e953baca-0a92-4ed5-9e3f-7362da89242f".into(), "vendor.com/fpga=f0".into()],
+            ..Default::default()
+        };
+        let mut body = ContainerCreateBody { env: Some(vec!["A=1".into()]), ..Default::default() };
+        add_devices(&mut body, &d);
+        assert_eq!(body.env.unwrap(), ["A=1", "WIDGET_DEVICES=widget-1"]);
+        assert_eq!(body.labels.unwrap()["example.com/widget"], "widget-1");
+        let h = body.host_config.unwrap();
+        assert_eq!(h.binds.unwrap(), ["/s/widget-1:/devices/widget-1:ro"]);
+        let dev = &h.devices.unwrap()[0];
+        assert_eq!(dev.path_on_host.as_deref(), Some("/dev/null"));
+        assert_eq!(dev.path_in_container.as_deref(), Some("/dev/widget-1"));
+        assert_eq!(dev.cgroup_permissions.as_deref(), Some("rw"));
+        let reqs = h.device_requests.unwrap();
+        // `docker run --gpus device=<uuid>`'s request, then the other CDI device.
+        assert_eq!(reqs[0].driver.as_deref(), Some("nvidia"));
+        assert_eq!(reqs[0].device_ids.as_deref(), Some(&["GPU-e953baca-0a92-4ed5-9e3f-7362da89242f".to_string()][..]));
+        assert_eq!(reqs[0].capabilities, Some(vec![vec!["gpu".to_string()]]));
+        assert_eq!(reqs[1].driver.as_deref(), Some("cdi"));
+        assert_eq!(reqs[1].device_ids.as_deref(), Some(&["vendor.com/fpga=f0".to_string()][..]));
+        assert!(device_requests(&[]).is_empty());
+    }
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).unwrap()

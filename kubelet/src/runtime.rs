@@ -31,7 +31,9 @@ use crate::labels::{self, Kind};
 
 // Docker's own types that other modules handle as plain data: the description of a
 // container to create (built by `podconfig.rs`) and a statistics sample (read by `stats.rs`).
-pub use bollard::models::{ContainerCreateBody, ContainerStatsResponse as ContainerStats, HostConfig};
+pub use bollard::models::{
+    ContainerCreateBody, ContainerStatsResponse as ContainerStats, DeviceMapping, DeviceRequest, HostConfig,
+};
 
 /// What the kubelet knows of one Docker container.
 #[derive(Debug, Clone, PartialEq)]

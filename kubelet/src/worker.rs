@@ -93,6 +93,9 @@ pub async fn run(k: Arc<Kubelet>, uid: String, mut rx: mpsc::UnboundedReceiver<(
         match outcome {
             Outcome::Done => {
                 if k.worker_done(&uid, &mut rx) {
+                    if let Some(dm) = k.devices.as_ref() {
+                        dm.release_pod(&uid);
+                    }
                     for (_, hs) in w.probes.drain() {
                         hs.iter().for_each(|h| h.abort());
                     }
@@ -667,6 +670,34 @@ async fn start_container(
         w.waiting.insert(c.name.clone(), (reason.to_string(), msg));
         Ok(Some(d))
     };
+    if let Some(dm) = k.devices.as_ref() {
+        let requests = crate::devicemanager::container_requests(c);
+        if !requests.is_empty() {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let active = k.synced().then(|| k.active_pods());
+            match dm.allocate(&uid, &c.name, &requests, active.as_ref()).await {
+                Ok(d) => {
+                    if d.new {
+                        let held: Vec<String> =
+                            d.held.iter().map(|(r, ids)| format!("{r} {}", ids.join(","))).collect();
+                        k.events.normal(
+                            pod,
+                            "AllocatedDevices",
+                            format!("Allocated {} to container {}", held.join("; "), c.name),
+                        );
+                    }
+                    podconfig::add_devices(&mut body, &d);
+                }
+                Err(msg) => {
+                    return fail(
+                        w,
+                        "UnexpectedAdmissionError",
+                        format!("Allocate failed due to {msg}, which is unexpected"),
+                    )
+                }
+            }
+        }
+    }
     let id = match k.rt.create(&name, body).await {
         Ok(id) => id,
         Err(e) => return fail(w, "CreateContainerError", e.to_string()),

@@ -291,6 +291,11 @@ impl Kubelet {
         self.dir.path().join("root")
     }
 
+    /// Where device plugins register with this kubelet (its `--device-plugin-path`).
+    pub fn device_plugin_dir(&self) -> PathBuf {
+        self.dir.path().join("device-plugins")
+    }
+
     fn log_path(&self) -> PathBuf {
         self.dir.path().join("kubelet.log")
     }
@@ -306,6 +311,8 @@ impl Kubelet {
             .args(["--pod-cidr", &self.pod_cidr, "--port", &self.port.to_string(), "--address", "127.0.0.1"])
             .arg("--root-dir")
             .arg(self.root_dir())
+            .arg("--device-plugin-path")
+            .arg(self.device_plugin_dir())
             .args(["--log-level", "info,kubelet=debug"])
             .args(&self.extra)
             .stdin(Stdio::null())

@@ -73,6 +73,13 @@ pub fn workspace_bin(package: &str, bin: &str, env_override: &str) -> PathBuf {
     path
 }
 
+/// `device-plugin` (the sample and NVIDIA device plugins); `MINIK8S_DEVICE_PLUGIN_BIN`
+/// overrides it.
+pub fn device_plugin_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| workspace_bin("device-plugin", "device-plugin", "MINIK8S_DEVICE_PLUGIN_BIN")).clone()
+}
+
 /// `minik8s-supervisor` (whose `certs` command makes a cluster's PKI);
 /// `MINIK8S_SUPERVISOR_BIN` overrides it.
 pub fn supervisor_bin() -> PathBuf {

@@ -536,8 +536,122 @@ pub fn describe_namespace(o: &Value) -> String {
     out
 }
 
-/// The node section. Pure.
-pub fn describe_node(o: &Value) -> String {
+/// A pod's requests and limits (Kubernetes' `PodRequestsAndLimits`): per resource, the sum
+/// over its containers or the largest init container's, whichever is more.
+fn pod_requests_and_limits(pod: &Value) -> [std::collections::BTreeMap<String, f64>; 2] {
+    let mut out: [std::collections::BTreeMap<String, f64>; 2] = Default::default();
+    for (i, key) in ["requests", "limits"].iter().enumerate() {
+        let of = |c: &Value| -> Vec<(String, f64)> {
+            c.pointer(&format!("/resources/{key}"))
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+                .filter_map(|(r, q)| {
+                    let text = q.as_str().map(str::to_string).unwrap_or_else(|| q.to_string());
+                    Some((r.clone(), apimachinery::quantity::parse(&text)?))
+                })
+                .collect()
+        };
+        for c in pod.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
+            for (r, v) in of(c) {
+                *out[i].entry(r).or_default() += v;
+            }
+        }
+        for c in pod.pointer("/spec/initContainers").and_then(Value::as_array).into_iter().flatten() {
+            for (r, v) in of(c) {
+                let e = out[i].entry(r).or_default();
+                *e = e.max(v);
+            }
+        }
+    }
+    out
+}
+
+/// A summed quantity the way describe prints it: cpu in cores or millicores, bytes with the
+/// largest binary suffix that divides them, other resources as numbers.
+fn quantity_text(resource: &str, v: f64) -> String {
+    if resource == "cpu" {
+        let m = (v * 1000.0).round() as i64;
+        return if m % 1000 == 0 { (m / 1000).to_string() } else { format!("{m}m") };
+    }
+    let n = v.round() as i64;
+    if matches!(resource, "memory" | "ephemeral-storage") && n != 0 {
+        for (suffix, unit) in [("Gi", 1i64 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)] {
+            if n % unit == 0 {
+                return format!("{}{suffix}", n / unit);
+            }
+        }
+    }
+    if v.fract() == 0.0 {
+        n.to_string()
+    } else {
+        format!("{}m", (v * 1000.0).round() as i64)
+    }
+}
+
+/// `0 (0%)`: an amount and its share of what the node can allocate.
+fn with_share(resource: &str, v: f64, allocatable: Option<f64>) -> String {
+    let pct = match allocatable {
+        Some(a) if a > 0.0 => (v / a * 100.0) as i64,
+        _ => 0,
+    };
+    format!("{} ({pct}%)", quantity_text(resource, v))
+}
+
+/// The node's "Non-terminated Pods" and "Allocated resources" sections, from the pods bound to
+/// it (`pods`: those not Succeeded or Failed).
+fn node_pods_sections(node: &Value, pods: &[Value]) -> String {
+    let alloc = |r: &str| {
+        node.pointer(&format!("/status/allocatable/{}", r.replace('/', "~1")))
+            .and_then(|q| q.as_str().map(str::to_string).or_else(|| Some(q.to_string())))
+            .and_then(|t| apimachinery::quantity::parse(&t))
+    };
+    let mut out = format!(
+        "Non-terminated Pods:\t({} in total)\n  Namespace\tName\tCPU Requests\tCPU Limits\tMemory Requests\tMemory Limits\tAge\n  ---------\t----\t------------\t----------\t---------------\t-------------\t---\n",
+        pods.len()
+    );
+    let mut total: [std::collections::BTreeMap<String, f64>; 2] = Default::default();
+    for p in pods {
+        let [req, lim] = pod_requests_and_limits(p);
+        let get = |m: &std::collections::BTreeMap<String, f64>, r: &str| m.get(r).copied().unwrap_or(0.0);
+        out.push_str(&format!(
+            "  {}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+            s(p, "/metadata/namespace"),
+            s(p, "/metadata/name"),
+            with_share("cpu", get(&req, "cpu"), alloc("cpu")),
+            with_share("cpu", get(&lim, "cpu"), alloc("cpu")),
+            with_share("memory", get(&req, "memory"), alloc("memory")),
+            with_share("memory", get(&lim, "memory"), alloc("memory")),
+            age(p.pointer("/metadata/creationTimestamp").and_then(Value::as_str)),
+        ));
+        for (i, m) in [req, lim].into_iter().enumerate() {
+            for (r, v) in m {
+                *total[i].entry(r).or_default() += v;
+            }
+        }
+    }
+    out.push_str("Allocated resources:\n  (Total limits may be over 100 percent, i.e., overcommitted.)\n  Resource\tRequests\tLimits\n  --------\t--------\t------\n");
+    let get = |i: usize, r: &str| total[i].get(r).copied().unwrap_or(0.0);
+    for r in ["cpu", "memory", "ephemeral-storage"] {
+        out.push_str(&format!(
+            "  {r}\t{}\t{}\n",
+            with_share(r, get(0, r), alloc(r)),
+            with_share(r, get(1, r), alloc(r))
+        ));
+    }
+    // Extended resources (and hugepages): plain amounts.
+    let mut others: Vec<&String> =
+        total[0].keys().chain(total[1].keys()).filter(|r| r.contains('/') || r.starts_with("hugepages-")).collect();
+    others.sort();
+    others.dedup();
+    for r in others {
+        out.push_str(&format!("  {r}\t{}\t{}\n", quantity_text(r, get(0, r)), quantity_text(r, get(1, r))));
+    }
+    out
+}
+
+/// The node section, with its pods' sections when `extra` has them (`{"pods": [...]}`). Pure.
+pub fn describe_node(o: &Value, extra: Option<&Value>) -> String {
     let mut out = String::new();
     meta_header(&mut out, o, false);
     out.push_str(&format!("Roles:\t{}\n", apimachinery::printers::node_roles(o)));
@@ -608,6 +722,11 @@ pub fn describe_node(o: &Value) -> String {
     }
     if let Some(c) = o.pointer("/spec/podCIDR").and_then(Value::as_str) {
         out.push_str(&format!("PodCIDR:\t{c}\n"));
+    }
+    if let Some(pods) = extra.and_then(|e| e.get("pods")).and_then(Value::as_array) {
+        let live: Vec<Value> =
+            pods.iter().filter(|p| !matches!(s(p, "/status/phase"), "Succeeded" | "Failed")).cloned().collect();
+        out.push_str(&node_pods_sections(o, &live));
     }
     out
 }
@@ -690,7 +809,7 @@ pub fn events_section(events: &[Value]) -> String {
 pub fn describe_text(res: &ApiRes, o: &Value, extra: Option<&Value>) -> String {
     match (res.group.as_str(), res.plural.as_str()) {
         ("", "pods") => describe_pod(o),
-        ("", "nodes") => describe_node(o),
+        ("", "nodes") => describe_node(o, extra),
         ("", "services") => describe_service(o, extra),
         ("apps", "deployments") => describe_deployment(o),
         ("apps", "replicasets") => describe_replicaset(o),
@@ -722,6 +841,11 @@ async fn extra_for(ctx: &Ctx, res: &ApiRes, o: &Value) -> Option<Value> {
             .unwrap_or(json!([]))
     };
     match (res.group.as_str(), res.plural.as_str()) {
+        ("", "nodes") => {
+            let path = with_query("/api/v1/pods", &[("fieldSelector", format!("spec.nodeName={name}"))]);
+            let pods = ctx.get(&path).await.ok().and_then(|l| l.get("items").cloned()).unwrap_or(json!([]));
+            Some(json!({"pods": pods}))
+        }
         ("", "services") => ctx.get(&format!("/api/v1/namespaces/{ns}/endpoints/{name}")).await.ok(),
         ("apps", "statefulsets") | ("apps", "daemonsets") => Some(json!({"pods": pods().await})),
         ("", "persistentvolumeclaims") => {
@@ -842,6 +966,47 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn node_sections_sum_the_pods_requests_and_limits() {
+        let node = json!({"metadata": {"name": "n1"}, "status": {"allocatable": {
+            "cpu": "2", "memory": "4Gi", "ephemeral-storage": "10Gi", "example.com/widget": "3"}}});
+        let pod = |name: &str, phase: &str| {
+            json!({"metadata": {"namespace": "default", "name": name}, "status": {"phase": phase},
+                "spec": {"containers": [{"name": "c", "resources": {
+                    "requests": {"cpu": "250m", "memory": "256Mi", "example.com/widget": "1"},
+                    "limits": {"cpu": "500m", "memory": "512Mi", "example.com/widget": "1"}}}],
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1"}}}]}})
+        };
+        let text = tabwrite(
+            &describe_node(
+                &node,
+                Some(&json!({"pods": [pod("a", "Running"), pod("b", "Pending"), pod("c", "Succeeded")]})),
+            ),
+            2,
+        );
+        let words = |l: &str| l.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(text.lines().any(|l| words(l) == "Non-terminated Pods: (2 in total)"), "{text}");
+        assert!(
+            text.lines().any(|l| words(l) == "default a 1 (50%) 500m (25%) 256Mi (6%) 512Mi (12%) <unknown>"),
+            "{text}"
+        );
+        let allocated = text.split("Allocated resources:").nth(1).unwrap();
+        let row = |r: &str| {
+            allocated
+                .lines()
+                .find(|l| l.trim_start().starts_with(r))
+                .unwrap()
+                .split_whitespace()
+                .skip(1)
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(row("cpu"), "2 (100%) 1 (50%)");
+        assert_eq!(row("memory"), "512Mi (12%) 1Gi (25%)");
+        assert_eq!(row("ephemeral-storage"), "0 (0%) 0 (0%)");
+        assert_eq!(row("example.com/widget"), "2 2");
+    }
 
     #[test]
     fn pod_sections() {

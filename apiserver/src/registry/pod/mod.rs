@@ -155,6 +155,9 @@ pub fn validate_pod_spec(spec: Option<&Value>, path: &str) -> Vec<FieldError> {
                     }
                 }
             }
+            if list != "ephemeralContainers" {
+                errs.extend(resource_requirements_errors(c.get("resources"), &format!("{cpath}.resources")));
+            }
             if let Some(policy) = str_at(c, "/imagePullPolicy") {
                 if !["Always", "IfNotPresent", "Never"].contains(&policy) {
                     errs.push(FieldError::not_supported(
@@ -226,6 +229,61 @@ pub fn validate_pod_spec(spec: Option<&Value>, path: &str) -> Vec<FieldError> {
                 &json!(g),
                 "must be greater than or equal to 0",
             ));
+        }
+    }
+    errs
+}
+
+/// A container's `resources` (Kubernetes' `ValidateResourceRequirements`): quantities are
+/// non-negative, extended resources (`example.com/widget`) whole numbers; a request is at most
+/// its limit, and for resources that cannot be overcommitted (extended ones, hugepages) equal
+/// to it, which also means a limit must be set.
+pub fn resource_requirements_errors(resources: Option<&Value>, path: &str) -> Vec<FieldError> {
+    use apimachinery::{quantity, resources};
+    let mut errs = Vec::new();
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let map = |key: &str| resources.and_then(|r| r.get(key)).and_then(Value::as_object);
+    let (requests, limits) = (map("requests"), map("limits"));
+    for (key, m) in [("limits", limits), ("requests", requests)] {
+        for (name, v) in m.into_iter().flatten() {
+            let field = format!("{path}.{key}[{name}]");
+            let Some(q) = quantity::parse(&text(v)) else { continue };
+            if q < 0.0 {
+                errs.push(FieldError::invalid(&field, &json!(text(v)), "must be greater than or equal to 0"));
+            } else if resources::is_integer(name) && (q * 1000.0).round() % 1000.0 != 0.0 {
+                errs.push(FieldError::invalid(&field, &json!(text(v)), "must be an integer"));
+            }
+        }
+    }
+    for (name, v) in requests.into_iter().flatten() {
+        let field = format!("{path}.requests[{name}]");
+        let req = quantity::parse(&text(v));
+        match limits.and_then(|l| l.get(name)) {
+            Some(l) => {
+                let lim = quantity::parse(&text(l));
+                let (Some(req), Some(lim)) = (req, lim) else { continue };
+                if (req - lim).abs() > f64::EPSILON * lim.abs().max(1.0) && !resources::is_overcommit_allowed(name) {
+                    errs.push(FieldError::invalid(
+                        &field,
+                        &json!(text(v)),
+                        &format!("must be equal to {name} limit of {}", text(l)),
+                    ));
+                } else if req > lim {
+                    errs.push(FieldError::invalid(
+                        &field,
+                        &json!(text(v)),
+                        &format!("must be less than or equal to {name} limit of {}", text(l)),
+                    ));
+                }
+            }
+            None if !resources::is_overcommit_allowed(name) => errs.push(FieldError::required(
+                format!("{path}.limits[{name}]"),
+                "Limit must be set for non overcommitable resources",
+            )),
+            None => {}
         }
     }
     errs
@@ -459,6 +517,42 @@ impl Strategy for PodStrategy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extended_resources_are_whole_and_requested_as_limited() {
+        let errs = |r: Value| -> Vec<String> {
+            resource_requirements_errors(Some(&r), "spec.containers[0].resources")
+                .into_iter()
+                .map(|e| e.message)
+                .collect()
+        };
+        assert!(errs(json!({"requests": {"example.com/widget": "2", "cpu": "100m"},
+            "limits": {"example.com/widget": 2, "cpu": "1"}}))
+        .is_empty());
+        assert_eq!(
+            errs(json!({"requests": {"example.com/widget": "1"}})),
+            ["spec.containers[0].resources.limits[example.com/widget]: Required value: Limit must be set for non overcommitable resources"]
+        );
+        assert_eq!(
+            errs(json!({"requests": {"example.com/widget": "1"}, "limits": {"example.com/widget": "2"}})),
+            ["spec.containers[0].resources.requests[example.com/widget]: Invalid value: \"1\": must be equal to example.com/widget limit of 2"]
+        );
+        assert_eq!(
+            errs(json!({"requests": {"example.com/widget": "500m"}, "limits": {"example.com/widget": "500m"}})),
+            [
+                "spec.containers[0].resources.limits[example.com/widget]: Invalid value: \"500m\": must be an integer",
+                "spec.containers[0].resources.requests[example.com/widget]: Invalid value: \"500m\": must be an integer",
+            ]
+        );
+        assert_eq!(
+            errs(json!({"requests": {"cpu": "2"}, "limits": {"cpu": "1"}})),
+            ["spec.containers[0].resources.requests[cpu]: Invalid value: \"2\": must be less than or equal to cpu limit of 1"]
+        );
+        assert_eq!(
+            errs(json!({"limits": {"memory": "-1"}})),
+            ["spec.containers[0].resources.limits[memory]: Invalid value: \"-1\": must be greater than or equal to 0"]
+        );
+    }
 
     #[test]
     fn requests_default_to_limits_including_extended_resources() {

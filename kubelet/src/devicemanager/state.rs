@@ -1,0 +1,261 @@
+//! The device manager's bookkeeping, pure: which devices each registered resource has and
+//! their health, which containers hold which devices (with what their plugin answered, so a
+//! restarted container or kubelet gets the same devices the same way), the node's capacity
+//! and allocatable counts, the choice of devices for a container, and the checkpoint file's
+//! format.
+
+use std::collections::{BTreeMap, HashSet};
+
+use base64::Engine;
+use deviceplugin::v1beta1::ContainerAllocateResponse;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+/// One registered resource.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Resource {
+    /// Device id → healthy.
+    pub devices: BTreeMap<String, bool>,
+    /// The plugin is connected (its ListAndWatch stream is open). A resource whose plugin is
+    /// gone keeps its capacity with nothing allocatable.
+    pub live: bool,
+}
+
+/// Devices held by one container for one resource.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    #[serde(rename = "PodUID")]
+    pub pod_uid: String,
+    #[serde(rename = "ContainerName")]
+    pub container: String,
+    #[serde(rename = "ResourceName")]
+    pub resource: String,
+    #[serde(rename = "DeviceIDs")]
+    pub device_ids: Vec<String>,
+    /// The plugin's Allocate answer, protobuf-encoded in base64 (empty while it is awaited).
+    #[serde(rename = "AllocResp", default)]
+    pub response: String,
+}
+
+impl Entry {
+    pub fn response(&self) -> ContainerAllocateResponse {
+        base64::engine::general_purpose::STANDARD
+            .decode(&self.response)
+            .ok()
+            .and_then(|b| ContainerAllocateResponse::decode(b.as_slice()).ok())
+            .unwrap_or_default()
+    }
+
+    pub fn set_response(&mut self, r: &ContainerAllocateResponse) {
+        self.response = base64::engine::general_purpose::STANDARD.encode(r.encode_to_vec());
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct State {
+    pub resources: BTreeMap<String, Resource>,
+    pub entries: Vec<Entry>,
+}
+
+/// What the kubelet writes to `<device-plugin dir>/kubelet_internal_checkpoint`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Checkpoint {
+    #[serde(rename = "Data")]
+    data: CheckpointData,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct CheckpointData {
+    #[serde(rename = "PodDeviceEntries", default)]
+    entries: Vec<Entry>,
+    #[serde(rename = "RegisteredDevices", default)]
+    registered: BTreeMap<String, Vec<String>>,
+}
+
+/// Kubernetes' message when a container asks for more devices than are free.
+pub fn unavailable(resource: &str, requested: usize, available: usize) -> String {
+    format!("requested number of devices unavailable for {resource}. Requested: {requested}, Available: {available}")
+}
+
+/// Pick `need` of the `free` devices, the plugin's `preferred` ones first (those not free are
+/// ignored); in the order given otherwise.
+pub fn choose(resource: &str, need: usize, free: &[String], preferred: &[String]) -> Result<Vec<String>, String> {
+    if need > free.len() {
+        return Err(unavailable(resource, need, free.len()));
+    }
+    let mut out: Vec<String> = preferred.iter().filter(|p| free.contains(p)).take(need).cloned().collect();
+    for id in free {
+        if out.len() == need {
+            break;
+        }
+        if !out.contains(id) {
+            out.push(id.clone());
+        }
+    }
+    Ok(out)
+}
+
+impl State {
+    /// The resources for the Node's status: name → (capacity, allocatable). Capacity counts
+    /// every device; allocatable the healthy ones of a connected plugin.
+    pub fn node_resources(&self) -> BTreeMap<String, (usize, usize)> {
+        self.resources
+            .iter()
+            .map(|(name, r)| {
+                let healthy = if r.live { r.devices.values().filter(|h| **h).count() } else { 0 };
+                (name.clone(), (r.devices.len(), healthy))
+            })
+            .collect()
+    }
+
+    /// A plugin's latest device list (its stream is open).
+    pub fn set_devices(&mut self, resource: &str, devices: BTreeMap<String, bool>) {
+        let r = self.resources.entry(resource.to_string()).or_default();
+        r.devices = devices;
+        r.live = true;
+    }
+
+    /// The plugin's stream ended: its devices stay in capacity, none is allocatable.
+    pub fn plugin_gone(&mut self, resource: &str) {
+        if let Some(r) = self.resources.get_mut(resource) {
+            r.live = false;
+        }
+    }
+
+    pub fn is_registered(&self, resource: &str) -> bool {
+        self.resources.contains_key(resource)
+    }
+
+    /// The devices `pod`'s `container` holds of `resource`, if any.
+    pub fn held(&self, pod: &str, container: &str, resource: &str) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.pod_uid == pod && e.container == container && e.resource == resource)
+    }
+
+    /// Healthy devices of a connected plugin that no container holds, in id order.
+    pub fn free(&self, resource: &str) -> Vec<String> {
+        let Some(r) = self.resources.get(resource).filter(|r| r.live) else { return vec![] };
+        let used: HashSet<&str> = self
+            .entries
+            .iter()
+            .filter(|e| e.resource == resource)
+            .flat_map(|e| e.device_ids.iter().map(String::as_str))
+            .collect();
+        r.devices
+            .iter()
+            .filter(|(id, healthy)| **healthy && !used.contains(id.as_str()))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Free the devices of pods that are not in `active`; true if any were freed.
+    pub fn retain_pods(&mut self, active: &HashSet<String>) -> bool {
+        let before = self.entries.len();
+        self.entries.retain(|e| active.contains(&e.pod_uid));
+        self.entries.len() != before
+    }
+
+    /// Free the devices of one pod; true if it held any.
+    pub fn release_pod(&mut self, pod: &str) -> bool {
+        let before = self.entries.len();
+        self.entries.retain(|e| e.pod_uid != pod);
+        self.entries.len() != before
+    }
+
+    /// The checkpoint: the allocations and every registered resource's devices.
+    pub fn checkpoint(&self) -> Vec<u8> {
+        let registered = self.resources.iter().map(|(n, r)| (n.clone(), r.devices.keys().cloned().collect())).collect();
+        let c = Checkpoint { data: CheckpointData { entries: self.entries.clone(), registered } };
+        serde_json::to_vec_pretty(&c).unwrap_or_default()
+    }
+
+    /// The state a checkpoint describes: the allocations, and the resources with their devices
+    /// known but not allocatable until their plugins register again.
+    pub fn from_checkpoint(bytes: &[u8]) -> Result<State, serde_json::Error> {
+        let c: Checkpoint = serde_json::from_slice(bytes)?;
+        let resources = c
+            .data
+            .registered
+            .into_iter()
+            .map(|(name, ids)| {
+                (name, Resource { devices: ids.into_iter().map(|id| (id, false)).collect(), live: false })
+            })
+            .collect();
+        Ok(State { resources, entries: c.data.entries })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn devs(v: &[(&str, bool)]) -> BTreeMap<String, bool> {
+        v.iter().map(|(id, h)| (id.to_string(), *h)).collect()
+    }
+
+    fn entry(pod: &str, ids: &[&str]) -> Entry {
+        Entry {
+            pod_uid: pod.into(),
+            container: "c".into(),
+            resource: "example.com/widget".into(),
+            device_ids: ids.iter().map(|s| s.to_string()).collect(),
+            response: String::new(),
+        }
+    }
+
+    const W: &str = "example.com/widget";
+
+    #[test]
+    fn capacity_counts_devices_and_allocatable_the_healthy_ones_of_a_live_plugin() {
+        let mut s = State::default();
+        s.set_devices(W, devs(&[("a", true), ("b", false), ("c", true)]));
+        assert_eq!(s.node_resources()[W], (3, 2));
+        s.plugin_gone(W);
+        assert_eq!(s.node_resources()[W], (3, 0));
+        assert!(s.free(W).is_empty());
+    }
+
+    #[test]
+    fn held_devices_are_not_free_until_their_pod_goes() {
+        let mut s = State::default();
+        s.set_devices(W, devs(&[("a", true), ("b", true), ("c", true)]));
+        s.entries.push(entry("p1", &["b"]));
+        assert_eq!(s.free(W), ["a", "c"]);
+        assert!(!s.retain_pods(&HashSet::from(["p1".to_string()])));
+        assert!(s.retain_pods(&HashSet::new()));
+        assert_eq!(s.free(W), ["a", "b", "c"]);
+        s.entries.push(entry("p2", &["a"]));
+        assert!(s.release_pod("p2"));
+        assert!(!s.release_pod("p2"));
+    }
+
+    #[test]
+    fn choice_prefers_the_plugins_pick_and_refuses_too_many() {
+        let free: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        assert_eq!(choose(W, 2, &free, &[]).unwrap(), ["a", "b"]);
+        assert_eq!(choose(W, 2, &free, &["c".into(), "x".into()]).unwrap(), ["c", "a"]);
+        assert_eq!(
+            choose(W, 4, &free, &[]).unwrap_err(),
+            "requested number of devices unavailable for example.com/widget. Requested: 4, Available: 3"
+        );
+    }
+
+    #[test]
+    fn the_checkpoint_keeps_allocations_and_answers_across_a_restart() {
+        let mut s = State::default();
+        s.set_devices(W, devs(&[("a", true), ("b", true)]));
+        let mut e = entry("p1", &["a"]);
+        let resp =
+            ContainerAllocateResponse { envs: [("K".to_string(), "v".to_string())].into(), ..Default::default() };
+        e.set_response(&resp);
+        s.entries.push(e);
+        let back = State::from_checkpoint(&s.checkpoint()).unwrap();
+        assert_eq!(back.entries, s.entries);
+        assert_eq!(back.entries[0].response(), resp);
+        // Known but not allocatable until the plugin is back; its devices stay held.
+        assert_eq!(back.node_resources()[W], (2, 0));
+        let mut back = back;
+        back.set_devices(W, devs(&[("a", true), ("b", true)]));
+        assert_eq!(back.free(W), ["b"]);
+        assert!(State::from_checkpoint(b"not json").is_err());
+    }
+}

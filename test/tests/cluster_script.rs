@@ -54,13 +54,31 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
     let port = free_port();
     let down = Down(&home, port);
 
-    let (ok, out) = cluster(&home, port, &["up", "--nodes", "2"]);
+    let (ok, out) = cluster(&home, port, &["up", "--nodes", "2", "--device-plugin", "sample"]);
     assert!(ok, "cluster up failed:\n{out}");
     assert!(out.contains("2 node(s) Ready") && out.contains("export KUBECONFIG="), "up says what it did:\n{out}");
     let kc = home.join("kubeconfig");
 
     let (ok, out) = kubectl(&kc, &["get", "nodes", "-o", "name"]);
     assert!(ok && out.contains("node/node-1") && out.contains("node/node-2"), "nodes:\n{out}");
+
+    // --device-plugin sample: the first node (the host's device-plugin directory) advertises
+    // the sample plugin's three widgets, the second none.
+    let widgets = |node: &str| {
+        let path = "jsonpath={.status.allocatable.example\\.com/widget}";
+        kubectl(&kc, &["get", "node", node, "-o", path]).1.trim().to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while widgets("node-1") != "3" {
+        assert!(
+            Instant::now() < deadline,
+            "node-1 has {:?} widgets\n{}",
+            widgets("node-1"),
+            cluster(&home, port, &["logs", "device-plugin"]).1
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(widgets("node-2"), "", "node-2 has no device plugin");
 
     let m = manifests_dir();
     let (ok, out) = kubectl(

@@ -675,7 +675,17 @@ async fn start_container(
         if !requests.is_empty() {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             let active = k.synced().then(|| k.active_pods());
-            match dm.allocate(&uid, &c.name, &requests, active.as_ref()).await {
+            // An init container's devices go on to the containers after it (it is done).
+            let reusable: Vec<String> = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.init_containers.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|i| i.name.clone())
+                .filter(|n| *n != c.name)
+                .collect();
+            match dm.allocate(&uid, &c.name, &requests, &reusable, active.as_ref()).await {
                 Ok(d) => {
                     if d.new {
                         let held: Vec<String> =

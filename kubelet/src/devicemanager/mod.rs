@@ -138,13 +138,15 @@ impl DeviceManager {
 
     /// The devices `container` of `pod` needs for `requests` (resource → count; resources no
     /// plugin registered are not devices and are skipped). Devices it holds already are
-    /// handed out again as before; new ones are chosen and the plugin asked. `active`, when
+    /// handed out again as before; new ones are chosen (the devices of the pod's `reusable`
+    /// containers, its init containers, count as free) and the plugin asked. `active`, when
     /// known, lists the pods still running: devices of every other pod are freed first.
     pub async fn allocate(
         &self,
         pod: &str,
         container: &str,
         requests: &[(String, usize)],
+        reusable: &[String],
         active: Option<&HashSet<String>>,
     ) -> Result<ContainerDevices, String> {
         if let Some(active) = active {
@@ -160,7 +162,7 @@ impl DeviceManager {
                     continue;
                 }
                 let held = st.held(pod, container, resource).filter(|e| !e.response.is_empty()).cloned();
-                (held, st.free(resource))
+                (held, st.free_for(resource, pod, reusable))
             };
             let endpoint = self.endpoint(resource);
             if let Some(e) = held {
@@ -180,7 +182,7 @@ impl DeviceManager {
             };
             // Choose and reserve under the lock: two containers never get the same device.
             let ids = self.update(|s| {
-                let ids = state::choose(resource, *need, &s.free(resource), &preferred)?;
+                let ids = state::choose(resource, *need, &s.free_for(resource, pod, reusable), &preferred)?;
                 s.entries.push(Entry {
                     pod_uid: pod.into(),
                     container: container.into(),

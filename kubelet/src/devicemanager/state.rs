@@ -133,11 +133,17 @@ impl State {
 
     /// Healthy devices of a connected plugin that no container holds, in id order.
     pub fn free(&self, resource: &str) -> Vec<String> {
+        self.free_for(resource, "", &[])
+    }
+
+    /// [`free`](Self::free) for a container of `pod`, to which the devices of the pod's
+    /// `reusable` containers (its init containers, done before it starts) are free too.
+    pub fn free_for(&self, resource: &str, pod: &str, reusable: &[String]) -> Vec<String> {
         let Some(r) = self.resources.get(resource).filter(|r| r.live) else { return vec![] };
         let used: HashSet<&str> = self
             .entries
             .iter()
-            .filter(|e| e.resource == resource)
+            .filter(|e| e.resource == resource && !(e.pod_uid == pod && reusable.contains(&e.container)))
             .flat_map(|e| e.device_ids.iter().map(String::as_str))
             .collect();
         r.devices
@@ -226,6 +232,19 @@ mod tests {
         s.entries.push(entry("p2", &["a"]));
         assert!(s.release_pod("p2"));
         assert!(!s.release_pod("p2"));
+    }
+
+    #[test]
+    fn an_init_containers_devices_go_on_to_the_pods_next_containers() {
+        let mut s = State::default();
+        s.set_devices(W, devs(&[("a", true), ("b", true)]));
+        let mut init = entry("p1", &["a"]);
+        init.container = "init".into();
+        s.entries.push(init);
+        s.entries.push(entry("p2", &["b"]));
+        assert!(s.free(W).is_empty());
+        assert_eq!(s.free_for(W, "p1", &["init".to_string()]), ["a"]);
+        assert!(s.free_for(W, "p2", &["init".to_string()]).is_empty());
     }
 
     #[test]

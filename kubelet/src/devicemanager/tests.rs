@@ -56,7 +56,7 @@ async fn sample_devices_register_allocate_fail_and_go() {
     // Three containers get distinct devices; a fourth gets none and Kubernetes' message.
     let mut held = HashSet::new();
     for pod in ["p1", "p2", "p3"] {
-        let d = dm.allocate(pod, "c", &one(1), None).await.unwrap();
+        let d = dm.allocate(pod, "c", &one(1), &[], None).await.unwrap();
         assert!(d.new);
         let ids = &d.held[W];
         assert_eq!(ids.len(), 1);
@@ -64,14 +64,14 @@ async fn sample_devices_register_allocate_fail_and_go() {
         assert_eq!(d.envs["WIDGET_DEVICES"], ids[0]);
         assert_eq!(d.mounts[0].host_path, tmp.path().join("widgets").join(&ids[0]).display().to_string());
     }
-    let err = dm.allocate("p4", "c", &one(1), None).await.unwrap_err();
+    let err = dm.allocate("p4", "c", &one(1), &[], None).await.unwrap_err();
     assert_eq!(err, "requested number of devices unavailable for example.com/widget. Requested: 1, Available: 0");
 
     // A container started again gets what it held; resources no plugin serves are no devices.
-    let again = dm.allocate("p1", "c", &one(1), None).await.unwrap();
+    let again = dm.allocate("p1", "c", &one(1), &[], None).await.unwrap();
     assert!(!again.new);
     let p1_device = again.held[W][0].clone();
-    let none = dm.allocate("p9", "c", &[("example.com/dongle".to_string(), 1)], None).await.unwrap();
+    let none = dm.allocate("p9", "c", &[("example.com/dongle".to_string(), 1)], &[], None).await.unwrap();
     assert!(none.held.is_empty());
 
     // The checkpoint names every holder.
@@ -83,10 +83,10 @@ async fn sample_devices_register_allocate_fail_and_go() {
 
     // A pod that ends frees its device: the next one gets it.
     dm.release_pod("p2");
-    assert_eq!(dm.allocate("p4", "c", &one(1), None).await.unwrap().held[W].len(), 1);
+    assert_eq!(dm.allocate("p4", "c", &one(1), &[], None).await.unwrap().held[W].len(), 1);
     // Pods no longer active lose theirs when the next allocation looks.
     let active: HashSet<String> = ["p1", "p3", "p4", "p5"].map(String::from).into();
-    let err = dm.allocate("p5", "c", &one(1), Some(&active)).await.unwrap_err();
+    let err = dm.allocate("p5", "c", &one(1), &[], Some(&active)).await.unwrap_err();
     assert!(err.contains("Available: 0"), "{err}");
 
     // A device marked unhealthy leaves allocatable; capacity stays.
@@ -100,13 +100,26 @@ async fn sample_devices_register_allocate_fail_and_go() {
     task.await.unwrap().unwrap();
     wait_for(&dm, W, (3, 0)).await;
     assert!(!dir.join("widget.sock").exists());
-    assert!(dm.allocate("p6", "c", &one(1), None).await.is_err());
-    assert!(!dm.allocate("p1", "c", &one(1), None).await.unwrap().new);
+    assert!(dm.allocate("p6", "c", &one(1), &[], None).await.is_err());
+    assert!(!dm.allocate("p1", "c", &one(1), &[], None).await.unwrap().new);
 
     // It comes back and registers again.
     let devices = sample::Sample::create(W, tmp.path().join("widgets"), 3).unwrap();
     let (_stop, _task) = start_plugin(devices, &dir, "widget.sock");
     wait_for(&dm, W, (3, 3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_init_containers_device_goes_on_to_the_app_container() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dm = DeviceManager::start(tmp.path()).await.unwrap();
+    let devices = sample::Sample::create(W, tmp.path().join("widgets"), 1).unwrap();
+    let (_stop, _task) = start_plugin(devices, tmp.path(), "widget.sock");
+    wait_for(&dm, W, (1, 1)).await;
+    let init = dm.allocate("p", "init", &one(1), &["init2".to_string()], None).await.unwrap();
+    let app = dm.allocate("p", "app", &one(1), &["init".to_string()], None).await.unwrap();
+    assert_eq!(init.held[W], app.held[W]);
+    assert!(dm.allocate("q", "c", &one(1), &[], None).await.is_err(), "the pod's device went to another pod");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,7 +150,7 @@ async fn nvidia_gpus_of_this_machine() {
     let (_stop, _task) = start_plugin(found, tmp.path(), "nvidia-gpu.sock");
     wait_for(&dm, nvidia::RESOURCE, (gpus.len(), gpus.len())).await;
 
-    let d = dm.allocate("gpu-pod", "cuda", &[(nvidia::RESOURCE.to_string(), 1)], None).await.unwrap();
+    let d = dm.allocate("gpu-pod", "cuda", &[(nvidia::RESOURCE.to_string(), 1)], &[], None).await.unwrap();
     let uuid = d.held[nvidia::RESOURCE][0].clone();
     assert!(gpus.iter().any(|g| g.uuid == uuid), "{uuid} is not one of {gpus:?}");
     assert_eq!(d.cdi, [format!("nvidia.com/gpu={uuid}")]);
@@ -146,7 +159,8 @@ async fn nvidia_gpus_of_this_machine() {
     let req = &body.host_config.unwrap().device_requests.unwrap()[0];
     assert_eq!(req.driver.as_deref(), Some("nvidia"));
     assert_eq!(req.device_ids.as_deref(), Some(&[uuid.clone()][..]));
-    let err = dm.allocate("gpu-pod-2", "cuda", &[(nvidia::RESOURCE.to_string(), gpus.len())], None).await.unwrap_err();
+    let err =
+        dm.allocate("gpu-pod-2", "cuda", &[(nvidia::RESOURCE.to_string(), gpus.len())], &[], None).await.unwrap_err();
     assert!(err.contains(&format!("Available: {}", gpus.len() - 1)), "{err}");
     println!("ALLOCATED_GPU={uuid}");
     println!("DOCKER_DEVICE_REQUEST={}", serde_json::to_string(req).unwrap());

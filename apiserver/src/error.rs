@@ -249,6 +249,85 @@ impl ApiError {
     }
 }
 
+/// `metav1.Status` with its fields in the order Go declares them (clients print and compare
+/// error bodies verbatim), empty ones omitted as Go's `omitempty` does.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireStatus<'a> {
+    kind: &'static str,
+    api_version: &'static str,
+    metadata: serde_json::Map<String, Value>,
+    status: &'static str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    message: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<WireDetails<'a>>,
+    code: u16,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireDetails<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    group: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    kind: &'a str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    causes: Vec<WireCause<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_seconds: Option<u32>,
+}
+
+#[derive(serde::Serialize)]
+struct WireCause<'a> {
+    reason: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    message: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    field: &'a str,
+}
+
+impl ApiError {
+    /// The response body: the Status as kube-apiserver writes it (Go's field order, then a
+    /// newline).
+    pub fn status_body(&self) -> Vec<u8> {
+        let details = match (&self.details, self.retry_after) {
+            (None, None) => None,
+            (d, retry_after_seconds) => {
+                let d = d.as_ref();
+                Some(WireDetails {
+                    name: d.map(|d| d.name.as_str()).unwrap_or_default(),
+                    group: d.map(|d| d.group.as_str()).unwrap_or_default(),
+                    kind: d.map(|d| d.kind.as_str()).unwrap_or_default(),
+                    causes: d
+                        .into_iter()
+                        .flat_map(|d| &d.causes)
+                        .map(|c| WireCause { reason: c.reason, message: &c.message, field: &c.field })
+                        .collect(),
+                    retry_after_seconds,
+                })
+            }
+        };
+        let status = WireStatus {
+            kind: "Status",
+            api_version: "v1",
+            metadata: serde_json::Map::new(),
+            status: "Failure",
+            message: &self.message,
+            reason: self.reason,
+            details,
+            code: self.code,
+        };
+        let mut body = serde_json::to_vec(&status).unwrap_or_default();
+        body.push(b'\n');
+        body
+    }
+}
+
 fn qualified(group: &str, resource: &str) -> String {
     if group.is_empty() {
         resource.to_string()
@@ -279,8 +358,7 @@ impl From<storage::Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = serde_json::to_vec(&self.to_status()).unwrap_or_default();
-        let mut resp = (code, body).into_response();
+        let mut resp = (code, self.status_body()).into_response();
         resp.headers_mut().insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(secs) = self.retry_after {
             if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
@@ -294,6 +372,18 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_body_is_kube_apiservers_byte_for_byte() {
+        let e = ApiError::already_exists("", "services", "web");
+        assert_eq!(
+            String::from_utf8(e.status_body()).unwrap(),
+            "{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{},\"status\":\"Failure\",\"message\":\"services \\\"web\\\" already exists\",\"reason\":\"AlreadyExists\",\"details\":{\"name\":\"web\",\"kind\":\"services\"},\"code\":409}\n"
+        );
+        // The Value form says the same.
+        let v: Value = serde_json::from_slice(&e.status_body()).unwrap();
+        assert_eq!(v, e.to_status());
+    }
 
     #[test]
     fn not_found_status_shape() {

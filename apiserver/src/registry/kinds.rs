@@ -27,11 +27,11 @@ pub static NODE: NodeStrategy = NodeStrategy;
 pub static ENDPOINTS: Plain = Plain { create_on_update: true, ..Plain::DEFAULT };
 pub static CONFIGMAP: DataStrategy = DataStrategy { secret: false };
 pub static SECRET: DataStrategy = DataStrategy { secret: true };
-pub static SERVICEACCOUNT: Plain = Plain::DEFAULT;
+pub static SERVICEACCOUNT: Plain = Plain { return_deleted: true, ..Plain::DEFAULT };
 pub static EVENT: EventStrategy = EventStrategy;
 pub static PV: VolumeStrategy = VolumeStrategy { claim: false };
 pub static PVC: VolumeStrategy = VolumeStrategy { claim: true };
-pub static RESOURCEQUOTA: Plain = Plain { generation: true, ..Plain::DEFAULT };
+pub static RESOURCEQUOTA: Plain = Plain { generation: true, return_deleted: true, ..Plain::DEFAULT };
 pub static LIMITRANGE: Plain = Plain::DEFAULT;
 pub static HPA: HpaStrategy = HpaStrategy;
 pub static ENDPOINTSLICE: EndpointSliceStrategy = EndpointSliceStrategy;
@@ -56,11 +56,17 @@ pub struct Plain {
     pub name_rule: NameRule,
     pub generation: bool,
     pub create_on_update: bool,
+    /// Delete answers the deleted object (Kubernetes' `ReturnDeletedObject`).
+    pub return_deleted: bool,
 }
 
 impl Plain {
-    pub const DEFAULT: Plain =
-        Plain { name_rule: NameRule::Dns1123Subdomain, generation: false, create_on_update: false };
+    pub const DEFAULT: Plain = Plain {
+        name_rule: NameRule::Dns1123Subdomain,
+        generation: false,
+        create_on_update: false,
+        return_deleted: false,
+    };
 }
 
 impl Strategy for Plain {
@@ -72,6 +78,9 @@ impl Strategy for Plain {
     }
     fn allow_create_on_update(&self) -> bool {
         self.create_on_update
+    }
+    fn return_deleted_object(&self) -> bool {
+        self.return_deleted
     }
     fn field_value(&self, obj: &Value, field: &str) -> Option<String> {
         common_field_value(obj, field)
@@ -426,6 +435,10 @@ const PV_SOURCES: &[&str] = &[
 ];
 
 impl Strategy for VolumeStrategy {
+    /// Kubernetes answers a delete with the deleted object.
+    fn return_deleted_object(&self) -> bool {
+        true
+    }
     fn prepare_for_create(&self, obj: &mut Value) {
         if !self.claim {
             default_at(obj, "/spec/persistentVolumeReclaimPolicy", json!("Retain"));
@@ -580,6 +593,10 @@ impl Strategy for EndpointSliceStrategy {
 pub struct StorageClassStrategy;
 
 impl Strategy for StorageClassStrategy {
+    /// Kubernetes answers a delete with the deleted object.
+    fn return_deleted_object(&self) -> bool {
+        true
+    }
     fn prepare_for_create(&self, obj: &mut Value) {
         default_at(obj, "/reclaimPolicy", json!("Delete"));
         default_at(obj, "/volumeBindingMode", json!("Immediate"));
@@ -827,6 +844,10 @@ impl Strategy for PriorityClassStrategy {
 pub struct PodTemplateStrategy;
 
 impl Strategy for PodTemplateStrategy {
+    /// Kubernetes answers a delete with the deleted object.
+    fn return_deleted_object(&self) -> bool {
+        true
+    }
     fn prepare_for_create(&self, obj: &mut Value) {
         if let Some(spec) = obj.pointer_mut("/template/spec") {
             super::pod::default_pod_spec(spec);

@@ -27,6 +27,10 @@ fn uses_node_ports(obj: &Value) -> bool {
 }
 
 impl Strategy for ServiceStrategy {
+    /// Kubernetes answers a delete with the deleted Service.
+    fn return_deleted_object(&self) -> bool {
+        true
+    }
     fn name_rule(&self) -> NameRule {
         NameRule::Dns1035Label
     }

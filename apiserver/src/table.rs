@@ -237,16 +237,28 @@ mod tests {
         let res = crate::resources::find("", "v1", "pods").unwrap();
         let list = json!({"metadata": {"resourceVersion": "5"}, "items": [{
             "metadata": {"name": "p", "creationTimestamp": "2020-01-01T00:00:00Z"},
-            "spec": {"containers": [{"name": "a"}, {"name": "b"}]},
-            "status": {"phase": "Running", "containerStatuses": [{"ready": true, "restartCount": 2}]}}]});
+            "spec": {"containers": [{"name": "a"}, {"name": "b"}],
+                     "readinessGates": [{"conditionType": "example.com/lb"}, {"conditionType": "example.com/dns"}]},
+            "status": {"phase": "Running", "containerStatuses": [{"ready": true, "restartCount": 2}],
+                       "nominatedNodeName": "n2",
+                       "conditions": [{"type": "example.com/lb", "status": "True"}, {"type": "example.com/dns", "status": "False"}]}}]});
         let t = to_table(res, &list, &HashMap::new());
+        // kube-apiserver's columns for pods, `-o wide` ones (priority 1) included.
+        let names: Vec<&str> =
+            t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node", "Nominated Node", "Readiness Gates"]
+        );
+        assert_eq!(t["rows"][0]["cells"][5], "<none>");
+        assert_eq!(t["rows"][0]["cells"][7], "n2");
+        assert_eq!(t["rows"][0]["cells"][8], "1/2");
         assert_eq!(t["kind"], "Table");
         assert_eq!(t["rows"][0]["cells"][0], "p");
         assert_eq!(t["rows"][0]["cells"][1], "1/2");
         assert_eq!(t["rows"][0]["cells"][2], "Running");
         assert_eq!(t["rows"][0]["cells"][3], "2");
         assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
-        assert_eq!(t["columnDefinitions"].as_array().unwrap().len(), 7);
     }
 }
 
@@ -289,8 +301,25 @@ fn kind_table(res: &ResourceDef) -> (Vec<Value>, CellsFn) {
                 ("Age", "string", 0),
                 ("IP", "string", 1),
                 ("Node", "string", 1),
+                ("Nominated Node", "string", 1),
+                ("Readiness Gates", "string", 1),
             ]),
             |o| {
+                // `true/total` of the pod's readiness gates whose condition is True.
+                let gates = o.pointer("/spec/readinessGates").and_then(Value::as_array).cloned().unwrap_or_default();
+                let readiness_gates = if gates.is_empty() {
+                    "<none>".to_string()
+                } else {
+                    let conds = o.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+                    let met = gates
+                        .iter()
+                        .filter(|g| {
+                            conds.iter().find(|c| c.get("type") == g.get("conditionType")).and_then(|c| c.get("status"))
+                                == Some(&json!("True"))
+                        })
+                        .count();
+                    format!("{met}/{}", gates.len())
+                };
                 let statuses =
                     o.pointer("/status/containerStatuses").and_then(Value::as_array).cloned().unwrap_or_default();
                 let total = o.pointer("/spec/containers").and_then(Value::as_array).map_or(0, Vec::len);
@@ -316,6 +345,8 @@ fn kind_table(res: &ResourceDef) -> (Vec<Value>, CellsFn) {
                     json!(age(o)),
                     json!(none_if_empty(s(o.pointer("/status/podIP")))),
                     json!(none_if_empty(s(o.pointer("/spec/nodeName")))),
+                    json!(none_if_empty(s(o.pointer("/status/nominatedNodeName")))),
+                    json!(readiness_gates),
                 ]
             },
         ),

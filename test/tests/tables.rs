@@ -26,6 +26,8 @@ fn kubectl_get_headers_match_a_real_cluster() -> Result<()> {
         }
         let expected: &[(&str, &str)] = &[
             ("pods", "NAME READY STATUS RESTARTS AGE"),
+            // kube-apiserver's pod columns of priority 1 (printers' podColumnDefinitions).
+            ("pods -o wide", "NAME READY STATUS RESTARTS AGE IP NODE NOMINATED NODE READINESS GATES"),
             ("deployments", "NAME READY UP-TO-DATE AVAILABLE AGE"),
             ("replicasets", "NAME DESIRED CURRENT READY AGE"),
             ("services", "NAME TYPE CLUSTER-IP EXTERNAL-IP PORT(S) AGE"),

@@ -7,6 +7,17 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
+/// The `kubernetes` Service's endpoint address when --advertise-address is not given (as
+/// kube-apiserver: the bind address, or the host's primary one for an unspecified bind).
+fn endpoint_ip_for_bind(bind: &str) -> Option<std::net::IpAddr> {
+    let ip: std::net::IpAddr = bind.parse().ok()?;
+    if ip.is_unspecified() {
+        common::default_host_ip()
+    } else {
+        Some(ip).filter(|ip| !ip.is_loopback())
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(name = "apiserver", about = "MiniK8s apiserver: the Kubernetes REST API", version)]
 struct Args {
@@ -19,7 +30,9 @@ struct Args {
     enable_bootstrap_token_auth: bool,
     /// The IP address this apiserver is reached at by the cluster: the `kubernetes`
     /// Service's endpoints (how pods reach the API) and discovery's server address. Not a
-    /// loopback address: pods cannot reach the host's.
+    /// loopback address: pods cannot reach the host's. Default: with --bind-address 0.0.0.0
+    /// the host's primary address, with another non-loopback --bind-address that one, with a
+    /// loopback one (the default) none, and the Service has no endpoints.
     #[arg(long)]
     advertise_address: Option<std::net::IpAddr>,
     /// Port to serve plain HTTP on (0: none). Without --tls-cert-file it defaults to 6443;
@@ -219,7 +232,7 @@ async fn main() -> anyhow::Result<()> {
         max_requests_inflight: args.max_requests_inflight,
         max_mutating_requests_inflight: args.max_mutating_requests_inflight,
         advertise_address: advertise,
-        endpoint_ip: args.advertise_address,
+        endpoint_ip: args.advertise_address.or_else(|| endpoint_ip_for_bind(&args.bind_address)),
         enable_bootstrap_token_auth: args.enable_bootstrap_token_auth,
         port: served_port,
         watch_bookmark_interval,

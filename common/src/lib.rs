@@ -57,6 +57,14 @@ pub async fn config(kubeconfig: Option<&Path>, server: Option<&str>) -> anyhow::
     Ok(config)
 }
 
+/// The host's primary IPv4 address: the source address of its route to a public address
+/// (nothing is sent). `None` without such a route.
+pub fn default_host_ip() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    Some(s.local_addr().ok()?.ip()).filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+}
+
 /// Log to stderr with `tracing`. `level` is a filter such as `info` or
 /// `info,kube=debug`; `RUST_LOG` overrides it.
 pub fn init_tracing(level: &str) {

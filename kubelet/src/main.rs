@@ -112,16 +112,9 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
-/// The first non-loopback IPv4 address of the host (from the routing decision to a public
-/// address; nothing is sent).
+/// The host's primary address, else loopback.
 fn default_node_ip() -> String {
-    std::net::UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| {
-            s.connect("192.0.2.1:9")?;
-            s.local_addr()
-        })
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|_| "127.0.0.1".into())
+    common::default_host_ip().map(|ip| ip.to_string()).unwrap_or_else(|| "127.0.0.1".into())
 }
 
 #[tokio::main]

@@ -589,3 +589,23 @@ async fn field_and_label_selectors() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(1)).await;
     Ok(())
 }
+
+/// The `kubernetes` Service's endpoints name this apiserver: the host's primary address for
+/// an apiserver listening on every address, none for one on loopback only (pods could not
+/// reach it).
+#[tokio::test]
+async fn the_kubernetes_service_has_endpoints_when_pods_can_reach_the_apiserver() -> Result<()> {
+    use k8s_openapi::api::core::v1::Endpoints;
+    let everywhere = ApiServer::start_with(&["--bind-address", "0.0.0.0"])?;
+    let eps: Api<Endpoints> = Api::namespaced(everywhere.client()?, "default");
+    let ep = eps.get("kubernetes").await?;
+    let subset = ep.subsets.unwrap_or_default().into_iter().next().ok_or_else(|| anyhow!("no subsets"))?;
+    let ip: std::net::IpAddr = subset.addresses.unwrap_or_default()[0].ip.parse()?;
+    ensure!(!ip.is_loopback() && !ip.is_unspecified(), "{ip}");
+    ensure!(subset.ports.unwrap_or_default()[0].port == everywhere.port as i32);
+
+    let local = ApiServer::start()?;
+    let eps: Api<Endpoints> = Api::namespaced(local.client()?, "default");
+    ensure!(eps.get_opt("kubernetes").await?.is_none(), "a loopback-only apiserver advertised endpoints");
+    Ok(())
+}

@@ -89,9 +89,9 @@ async fn placement_honours_selectors_affinity_taints_and_resources() -> Result<(
         "64Mi",
         json!({"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]}),
     );
-    // Requests only: the apiserver's requests-from-limits defaulting mangles `nvidia.com/gpu`
-    // limits into `{"nvidia.com": {"gpu": …}}` (unescaped JSON pointer), reported upstream.
-    gpu["spec"]["containers"][0]["resources"] = json!({"requests": {"nvidia.com/gpu": "1"}});
+    // An extended resource is asked for by its limit (the request defaults to it and must
+    // equal it; a request alone is refused, as Kubernetes does).
+    gpu["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
     create_pod(&c, gpu).await?;
     // a pod that tolerates nothing never lands on the tainted node
     for i in 0..4 {

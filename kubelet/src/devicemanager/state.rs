@@ -132,6 +132,7 @@ impl State {
     }
 
     /// Healthy devices of a connected plugin that no container holds, in id order.
+    #[cfg(test)]
     pub fn free(&self, resource: &str) -> Vec<String> {
         self.free_for(resource, "", &[])
     }

@@ -165,6 +165,15 @@ pub async fn bootstrap(state: &server::AppState, opts: &Options) -> Result<(), e
         Err(e) if e.code == 409 || e.code == 422 => {}
         Err(e) => return Err(e),
     }
+    // The built-in group-versions as Local APIServices (kube-apiserver's autoregistration).
+    let apiservices = resources::find_by_plural("apiregistration.k8s.io", "apiservices")
+        .ok_or_else(|| error::ApiError::internal("no apiservices resource"))?;
+    for body in local_apiservices() {
+        match reg.create(apiservices, "", body, &WriteOptions::default()).await {
+            Ok(_) | Err(error::ApiError { code: 409, .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
     if let Some(ip) = opts.endpoint_ip {
         for (group, plural, body) in kubernetes_endpoints(ip, opts.port) {
             let res = resources::find_by_plural(group, plural)
@@ -174,6 +183,25 @@ pub async fn bootstrap(state: &server::AppState, opts: &Options) -> Result<(), e
         tracing::info!(%ip, port = opts.port, "the kubernetes service's endpoints name this apiserver");
     }
     authz::bootstrap::reconcile(reg).await
+}
+
+/// An APIService for every group-version this apiserver serves itself, named
+/// `<version>.<group>` (`v1.` for the core group), without a service: `Local`.
+pub fn local_apiservices() -> Vec<Value> {
+    let mut gvs: Vec<(&str, &str)> = vec![("", "v1")];
+    for (group, versions) in discovery::groups() {
+        gvs.extend(versions.into_iter().map(|v| (group, v)));
+    }
+    gvs.into_iter()
+        .map(|(group, version)| {
+            let priority = if group.is_empty() { 18000 } else { 17000 };
+            let version_priority = if version.contains("beta") || version.contains("alpha") { 9 } else { 15 };
+            json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+                "metadata": {"name": format!("{version}.{group}"), "labels": {"kube-aggregator.kubernetes.io/automanaged": "onstart"}},
+                "spec": {"group": group, "version": version, "groupPriorityMinimum": priority,
+                         "versionPriority": version_priority}})
+        })
+        .collect()
 }
 
 /// The `kubernetes` Service's Endpoints and EndpointSlice: this apiserver at `ip:port`

@@ -334,6 +334,20 @@ pub static RESOURCES: &[ResourceDef] = &[
         &kinds::ENDPOINTSLICE,
         k::discovery::v1::EndpointSlice
     ),
+    // apiregistration.k8s.io/v1
+    res!(
+        "apiregistration.k8s.io",
+        "v1",
+        "APIService",
+        "apiservices",
+        "apiservice",
+        NONE,
+        &["api-extensions"],
+        false,
+        STATUS,
+        &kinds::APISERVICE,
+        k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService
+    ),
     // coordination.k8s.io/v1
     res!(
         "coordination.k8s.io",

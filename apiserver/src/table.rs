@@ -686,6 +686,25 @@ fn kind_table(res: &ResourceDef) -> (Vec<Value>, CellsFn) {
             };
             vec![json!(s(o.pointer("/metadata/name"))), json!(none_if_empty(shown)), json!(age(o))]
         }),
+        ("apiregistration.k8s.io", "apiservices") => (
+            cols(&[("Name", "string", 0), ("Service", "string", 0), ("Available", "string", 0), ("Age", "string", 0)]),
+            |o| {
+                let service = match o.pointer("/spec/service").filter(|v| !v.is_null()) {
+                    Some(svc) => format!("{}/{}", s(svc.get("namespace")), s(svc.get("name"))),
+                    None => "Local".to_string(),
+                };
+                let available = o
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .and_then(|cs| cs.iter().find(|c| c.get("type") == Some(&json!("Available"))))
+                    .map(|c| match s(c.get("status")).as_str() {
+                        "True" => "True".to_string(),
+                        other => format!("{other} ({})", s(c.get("reason"))),
+                    })
+                    .unwrap_or_else(|| "Unknown".into());
+                vec![json!(s(o.pointer("/metadata/name"))), json!(service), json!(available), json!(age(o))]
+            },
+        ),
         ("storage.k8s.io", "storageclasses") => (
             cols(&[
                 ("Name", "string", 0),

@@ -48,6 +48,7 @@ pub static RBAC_BINDING: RoleBindingStrategy = RoleBindingStrategy;
 pub static PRIORITYCLASS: PriorityClassStrategy = PriorityClassStrategy;
 pub static PDB: PdbStrategy = PdbStrategy;
 pub static PODTEMPLATE: PodTemplateStrategy = PodTemplateStrategy;
+pub static APISERVICE: ApiServiceStrategy = ApiServiceStrategy;
 pub static CONTROLLERREVISION: RequiredFields =
     RequiredFields { fields: &[("/revision", "revision")], immutable: &[("/data", "data")] };
 
@@ -585,6 +586,67 @@ impl Strategy for EndpointSliceStrategy {
     }
     fn tracks_generation(&self) -> bool {
         false
+    }
+}
+
+// ------------------------------------------------------------------------- APIService
+
+/// `apiregistration.k8s.io/v1` APIService: which apiserver serves a group-version. The
+/// built-in ones are `Local` (no `spec.service`) and always available; one naming a Service
+/// is an aggregated API, which this apiserver does not proxy, so it is never available. The
+/// status is derived from the spec on every write.
+pub struct ApiServiceStrategy;
+
+impl ApiServiceStrategy {
+    fn set_status(obj: &mut Value) {
+        let local = obj.pointer("/spec/service").is_none_or(Value::is_null);
+        let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let (status, reason, message) = if local {
+            ("True", "Local", "Local APIServices are always available")
+        } else {
+            ("False", "FailedDiscoveryCheck", "this apiserver does not proxy aggregated APIs")
+        };
+        obj["status"] = json!({"conditions": [{"type": "Available", "status": status, "reason": reason,
+            "message": message, "lastTransitionTime": now}]});
+    }
+}
+
+impl Strategy for ApiServiceStrategy {
+    fn name_rule(&self) -> NameRule {
+        NameRule::PathSegment
+    }
+    fn prepare_for_create(&self, obj: &mut Value) {
+        Self::set_status(obj);
+    }
+    fn prepare_for_update(&self, new: &mut Value, _old: &Value) {
+        Self::set_status(new);
+    }
+    /// Kubernetes' `ValidateAPIService`.
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let group = str_at(obj, "/spec/group").unwrap_or_default();
+        let version = str_at(obj, "/spec/version").unwrap_or_default();
+        let name = str_at(obj, "/metadata/name").unwrap_or_default();
+        if version.is_empty() {
+            errs.push(FieldError::required("spec.version", ""));
+        }
+        if name != format!("{version}.{group}") {
+            errs.push(FieldError::invalid("metadata.name", &json!(name), "must be `spec.version+\".\"+spec.group`"));
+        }
+        let int = |p: &str| obj.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+        let gpm = int("/spec/groupPriorityMinimum");
+        if !(1..=20000).contains(&gpm) {
+            errs.push(FieldError::invalid(
+                "spec.groupPriorityMinimum",
+                &json!(gpm),
+                "must be positive and less than 20000",
+            ));
+        }
+        let vp = int("/spec/versionPriority");
+        if !(1..=1000).contains(&vp) {
+            errs.push(FieldError::invalid("spec.versionPriority", &json!(vp), "must be positive and less than 1000"));
+        }
+        errs
     }
 }
 

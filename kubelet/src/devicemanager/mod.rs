@@ -80,7 +80,7 @@ impl DeviceManager {
     pub async fn start(dir: &Path) -> Result<Arc<DeviceManager>> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let state = match std::fs::read(dir.join(CHECKPOINT)) {
-            Ok(bytes) => State::from_checkpoint(&bytes).unwrap_or_else(|e| {
+            Ok(bytes) => State::from_checkpoint(&bytes, std::time::Instant::now()).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "the device checkpoint is unreadable; starting without allocations");
                 State::default()
             }),
@@ -103,7 +103,7 @@ impl DeviceManager {
 
     /// name → (capacity, allocatable) of every resource a plugin registered.
     pub fn node_resources(&self) -> BTreeMap<String, (usize, usize)> {
-        self.state.lock().map(|s| s.node_resources()).unwrap_or_default()
+        self.state.lock().map(|s| s.node_resources(std::time::Instant::now())).unwrap_or_default()
     }
 
     /// Changes whenever [`node_resources`](Self::node_resources) may have.
@@ -282,7 +282,7 @@ impl DeviceManager {
             .unwrap_or(false);
         if current {
             tracing::warn!(%resource, "device plugin gone: its devices are not allocatable");
-            self.update(|s| s.plugin_gone(&resource));
+            self.update(|s| s.plugin_gone(&resource, std::time::Instant::now()));
             self.bump();
         }
     }

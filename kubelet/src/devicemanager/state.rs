@@ -5,6 +5,7 @@
 //! format.
 
 use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use deviceplugin::v1beta1::ContainerAllocateResponse;
@@ -17,9 +18,15 @@ pub struct Resource {
     /// Device id → healthy.
     pub devices: BTreeMap<String, bool>,
     /// The plugin is connected (its ListAndWatch stream is open). A resource whose plugin is
-    /// gone keeps its capacity with nothing allocatable.
+    /// gone keeps its capacity with nothing allocatable for [`GONE_GRACE`], then has none.
     pub live: bool,
+    /// When the plugin went (or the kubelet started with the resource only in its checkpoint).
+    pub gone_at: Option<Instant>,
 }
+
+/// How long a resource whose plugin is gone keeps its capacity (Kubernetes' endpoint stop
+/// grace period): a plugin restarting within it finds its devices as it left them.
+pub const GONE_GRACE: Duration = Duration::from_secs(5 * 60);
 
 /// Devices held by one container for one resource.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,14 +103,16 @@ pub fn choose(resource: &str, need: usize, free: &[String], preferred: &[String]
 }
 
 impl State {
-    /// The resources for the Node's status: name → (capacity, allocatable). Capacity counts
-    /// every device; allocatable the healthy ones of a connected plugin.
-    pub fn node_resources(&self) -> BTreeMap<String, (usize, usize)> {
+    /// The resources for the Node's status at `now`: name → (capacity, allocatable).
+    /// Capacity counts every device, allocatable the healthy ones of a connected plugin; a
+    /// resource whose plugin has been gone for longer than [`GONE_GRACE`] has 0 of both.
+    pub fn node_resources(&self, now: Instant) -> BTreeMap<String, (usize, usize)> {
         self.resources
             .iter()
             .map(|(name, r)| {
+                let expired = !r.live && r.gone_at.is_some_and(|t| now.saturating_duration_since(t) >= GONE_GRACE);
                 let healthy = if r.live { r.devices.values().filter(|h| **h).count() } else { 0 };
-                (name.clone(), (r.devices.len(), healthy))
+                (name.clone(), if expired { (0, 0) } else { (r.devices.len(), healthy) })
             })
             .collect()
     }
@@ -113,12 +122,15 @@ impl State {
         let r = self.resources.entry(resource.to_string()).or_default();
         r.devices = devices;
         r.live = true;
+        r.gone_at = None;
     }
 
-    /// The plugin's stream ended: its devices stay in capacity, none is allocatable.
-    pub fn plugin_gone(&mut self, resource: &str) {
+    /// The plugin's stream ended at `now`: its devices stay in capacity for a while, none is
+    /// allocatable.
+    pub fn plugin_gone(&mut self, resource: &str, now: Instant) {
         if let Some(r) = self.resources.get_mut(resource) {
             r.live = false;
+            r.gone_at = Some(now);
         }
     }
 
@@ -175,16 +187,18 @@ impl State {
         serde_json::to_vec_pretty(&c).unwrap_or_default()
     }
 
-    /// The state a checkpoint describes: the allocations, and the resources with their devices
-    /// known but not allocatable until their plugins register again.
-    pub fn from_checkpoint(bytes: &[u8]) -> Result<State, serde_json::Error> {
+    /// The state a checkpoint describes, read at `now`: the allocations, and the resources with
+    /// their devices known but not allocatable until their plugins register again (gone since
+    /// `now`).
+    pub fn from_checkpoint(bytes: &[u8], now: Instant) -> Result<State, serde_json::Error> {
         let c: Checkpoint = serde_json::from_slice(bytes)?;
         let resources = c
             .data
             .registered
             .into_iter()
             .map(|(name, ids)| {
-                (name, Resource { devices: ids.into_iter().map(|id| (id, false)).collect(), live: false })
+                let devices = ids.into_iter().map(|id| (id, false)).collect();
+                (name, Resource { devices, live: false, gone_at: Some(now) })
             })
             .collect();
         Ok(State { resources, entries: c.data.entries })
@@ -215,10 +229,16 @@ mod tests {
     fn capacity_counts_devices_and_allocatable_the_healthy_ones_of_a_live_plugin() {
         let mut s = State::default();
         s.set_devices(W, devs(&[("a", true), ("b", false), ("c", true)]));
-        assert_eq!(s.node_resources()[W], (3, 2));
-        s.plugin_gone(W);
-        assert_eq!(s.node_resources()[W], (3, 0));
+        let t0 = Instant::now();
+        assert_eq!(s.node_resources(t0)[W], (3, 2));
+        s.plugin_gone(W, t0);
+        assert_eq!(s.node_resources(t0)[W], (3, 0));
         assert!(s.free(W).is_empty());
+        // After the grace period the resource has no capacity; a plugin that returns brings it back.
+        assert_eq!(s.node_resources(t0 + GONE_GRACE - Duration::from_secs(1))[W], (3, 0));
+        assert_eq!(s.node_resources(t0 + GONE_GRACE)[W], (0, 0));
+        s.set_devices(W, devs(&[("a", true)]));
+        assert_eq!(s.node_resources(t0 + GONE_GRACE * 2)[W], (1, 1));
     }
 
     #[test]
@@ -268,14 +288,16 @@ mod tests {
             ContainerAllocateResponse { envs: [("K".to_string(), "v".to_string())].into(), ..Default::default() };
         e.set_response(&resp);
         s.entries.push(e);
-        let back = State::from_checkpoint(&s.checkpoint()).unwrap();
+        let now = Instant::now();
+        let back = State::from_checkpoint(&s.checkpoint(), now).unwrap();
         assert_eq!(back.entries, s.entries);
         assert_eq!(back.entries[0].response(), resp);
         // Known but not allocatable until the plugin is back; its devices stay held.
-        assert_eq!(back.node_resources()[W], (2, 0));
+        assert_eq!(back.node_resources(now)[W], (2, 0));
+        assert_eq!(back.node_resources(now + GONE_GRACE)[W], (0, 0));
         let mut back = back;
         back.set_devices(W, devs(&[("a", true), ("b", true)]));
         assert_eq!(back.free(W), ["b"]);
-        assert!(State::from_checkpoint(b"not json").is_err());
+        assert!(State::from_checkpoint(b"not json", now).is_err());
     }
 }

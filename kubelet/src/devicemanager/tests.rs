@@ -75,7 +75,7 @@ async fn sample_devices_register_allocate_fail_and_go() {
     assert!(none.held.is_empty());
 
     // The checkpoint names every holder.
-    let saved = State::from_checkpoint(&std::fs::read(dir.join(CHECKPOINT)).unwrap()).unwrap();
+    let saved = State::from_checkpoint(&std::fs::read(dir.join(CHECKPOINT)).unwrap(), Instant::now()).unwrap();
     let mut holders: Vec<&str> = saved.entries.iter().map(|e| e.pod_uid.as_str()).collect();
     holders.sort();
     assert_eq!(holders, ["p1", "p2", "p3"]);

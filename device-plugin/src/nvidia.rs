@@ -113,6 +113,10 @@ impl Devices for Nvidia {
         devices(&known, now.as_deref())
     }
 
+    fn knows(&self, id: &str) -> bool {
+        self.known.lock().is_ok_and(|k| k.iter().any(|g| g.uuid == id))
+    }
+
     fn allocate(&self, ids: &[String]) -> ContainerAllocateResponse {
         ContainerAllocateResponse {
             cdi_devices: ids.iter().map(|id| CdiDevice { name: cdi_name(id) }).collect(),

@@ -27,6 +27,8 @@ pub trait Devices: Send + Sync + 'static {
     fn resource_name(&self) -> String;
     /// Every device with its current health (may block: it runs on a blocking thread).
     fn list(&self) -> Vec<Device>;
+    /// Whether `id` is one of this plugin's devices (healthy or not; must not block).
+    fn knows(&self, id: &str) -> bool;
     /// What a container needs to use `ids` (all known to this plugin).
     fn allocate(&self, ids: &[String]) -> ContainerAllocateResponse;
     /// How often `list` is asked again.
@@ -122,10 +124,9 @@ impl<D: Devices> DevicePlugin for Server<D> {
     }
 
     async fn allocate(&self, req: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
-        let known = list(&self.devices).await;
         let mut container_responses = Vec::new();
         for c in req.into_inner().container_requests {
-            if let Some(bad) = c.devices_ids.iter().find(|id| !known.iter().any(|d| &d.id == *id)) {
+            if let Some(bad) = c.devices_ids.iter().find(|id| !self.devices.knows(id)) {
                 return Err(Status::invalid_argument(format!("unknown device {bad:?}")));
             }
             tracing::info!(devices = ?c.devices_ids, "allocating");

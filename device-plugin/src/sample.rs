@@ -62,6 +62,10 @@ impl Devices for Sample {
             .collect()
     }
 
+    fn knows(&self, id: &str) -> bool {
+        self.ids.iter().any(|i| i == id)
+    }
+
     fn allocate(&self, ids: &[String]) -> ContainerAllocateResponse {
         let joined = ids.join(",");
         ContainerAllocateResponse {

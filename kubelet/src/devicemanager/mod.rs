@@ -72,6 +72,8 @@ pub struct DeviceManager {
     next_generation: std::sync::atomic::AtomicU64,
     /// Bumped whenever the node's device counts may have changed.
     changed: watch::Sender<u64>,
+    /// The checkpoint as last written: an unchanged state is not written again.
+    written: Mutex<Vec<u8>>,
 }
 
 impl DeviceManager {
@@ -95,6 +97,7 @@ impl DeviceManager {
             endpoints: Mutex::new(HashMap::new()),
             next_generation: Default::default(),
             changed: watch::channel(0).0,
+            written: Mutex::new(Vec::new()),
         });
         registration::serve(dm.clone(), incoming);
         tracing::info!(dir = %dir.display(), "device manager listening for device plugins");
@@ -115,12 +118,17 @@ impl DeviceManager {
         self.changed.send_modify(|n| *n += 1);
     }
 
-    /// Change the state and write the checkpoint.
+    /// Change the state and write the checkpoint if that changed it.
     fn update<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         let Ok(mut st) = self.state.lock() else { return f(&mut State::default()) };
         let out = f(&mut st);
-        if let Err(e) = common::write_private(&self.dir.join(CHECKPOINT), &st.checkpoint()) {
-            tracing::warn!(error = %format!("{e:#}"), "writing the device checkpoint failed");
+        let bytes = st.checkpoint();
+        let Ok(mut written) = self.written.lock() else { return out };
+        if *written != bytes {
+            match common::write_private(&self.dir.join(CHECKPOINT), &bytes) {
+                Ok(()) => *written = bytes,
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "writing the device checkpoint failed"),
+            }
         }
         out
     }

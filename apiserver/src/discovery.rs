@@ -98,6 +98,7 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
                 Sub::Eviction => ("Eviction", vec!["create"], Some(("policy", "v1"))),
                 Sub::Token => ("TokenRequest", vec!["create"], Some(("authentication.k8s.io", "v1"))),
                 Sub::Finalize => (r.kind, vec!["update"], None),
+                Sub::Approval => (r.kind, vec!["get", "patch", "update"], None),
                 Sub::EphemeralContainers => (r.kind, vec!["get", "patch", "update"], None),
                 Sub::NotYetServed("log", _) => ("Pod", vec!["get"], None),
                 Sub::NotYetServed("exec", _) => ("PodExecOptions", vec!["create", "get"], None),

@@ -7,16 +7,94 @@
 //! for byte, so WebSocket (`v5.channel.k8s.io`, kubectl ≥ 1.30, the `kube` crate) and
 //! SPDY/3.1 (older kubectl, and `kubectl port-forward`) pass through unchanged. Any other
 //! answer is returned as is.
+//!
+//! Kubelets serve HTTPS ([`connect`]). The apiserver presents `--kubelet-client-certificate`
+//! (the kubelet authenticates it and asks for nothing more) and verifies the kubelet's
+//! certificate only against `--kubelet-certificate-authority`; without one, as
+//! kube-apiserver, it accepts whatever certificate a kubelet shows (kubelets sign their
+//! own). Without a CA, an endpoint that answers the TLS handshake in plain HTTP is then
+//! spoken to in plain HTTP: the Koupleless bases' arklets that stand in for the kubelets of
+//! virtual nodes serve their logs that way, and nothing is lost — without a CA the
+//! kubelet's identity is not checked either way.
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use crate::error::{ApiError, ApiResult};
 use crate::registry::generic::Registry;
 use crate::registry::ResourceDef;
+
+/// How the apiserver speaks to kubelets.
+pub struct KubeletTls {
+    config: Arc<rustls::ClientConfig>,
+    /// Whether kubelets' certificates are verified (`--kubelet-certificate-authority`).
+    verifies: bool,
+}
+
+static TLS: OnceLock<KubeletTls> = OnceLock::new();
+
+/// Configure the kubelet client from kube-apiserver's flags (once, at start; later calls
+/// are ignored): `--kubelet-client-certificate`/`--kubelet-client-key` and
+/// `--kubelet-certificate-authority`.
+pub fn configure(identity: Option<(&Path, &Path)>, ca: Option<&Path>) -> Result<(), common::tls::TlsError> {
+    let identity = identity
+        .map(|(cert, key)| {
+            Ok::<_, common::tls::TlsError>((
+                common::tls::read_certificates("--kubelet-client-certificate", cert)?,
+                common::tls::read_private_key("--kubelet-client-key", key)?,
+            ))
+        })
+        .transpose()?;
+    let roots = ca.map(|p| common::tls::read_roots("--kubelet-certificate-authority", p)).transpose()?;
+    let verifies = roots.is_some();
+    let config = common::tls::client_config(roots, identity)?;
+    let _ = TLS.set(KubeletTls { config, verifies });
+    Ok(())
+}
+
+fn tls() -> Result<&'static KubeletTls, common::tls::TlsError> {
+    if let Some(t) = TLS.get() {
+        return Ok(t);
+    }
+    let config = common::tls::client_config(None, None)?;
+    Ok(TLS.get_or_init(|| KubeletTls { config, verifies: false }))
+}
+
+/// A connection to a kubelet.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// Whether a failed handshake means the peer speaks plain HTTP (its answer is no TLS record).
+fn not_tls(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|e| matches!(e, rustls::Error::InvalidMessage(_)))
+}
+
+/// Connect to the kubelet at `host:port` over TLS (see the module's notes on plain HTTP).
+pub async fn connect(host: &str, port: u16) -> ApiResult<Box<dyn Io>> {
+    let unavailable = |e: &dyn std::fmt::Display| {
+        ApiError::new(503, "ServiceUnavailable", format!("error dialing the kubelet at {host}:{port}: {e}"))
+    };
+    let tls = tls().map_err(|e| ApiError::internal(e.to_string()))?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| unavailable(&e))?;
+    let tcp = tokio::net::TcpStream::connect((host, port)).await.map_err(|e| unavailable(&e))?;
+    match tokio_rustls::TlsConnector::from(tls.config.clone()).connect(name, tcp).await {
+        Ok(stream) => Ok(Box::new(stream)),
+        Err(e) if !tls.verifies && not_tls(&e) => {
+            tracing::debug!(host, port, "the kubelet endpoint speaks plain HTTP");
+            let tcp = tokio::net::TcpStream::connect((host, port)).await.map_err(|e| unavailable(&e))?;
+            Ok(Box::new(tcp))
+        }
+        Err(e) => Err(unavailable(&format!("TLS handshake: {e}"))),
+    }
+}
 
 /// Kubernetes' default kubelet port.
 pub const DEFAULT_KUBELET_PORT: i64 = 10250;
@@ -55,7 +133,7 @@ pub async fn proxy_get(host: &str, port: u16, path: &str) -> ApiResult<Response>
     let unavailable = |e: std::io::Error| {
         ApiError::new(503, "ServiceUnavailable", format!("error dialing the kubelet at {host}:{port}: {e}"))
     };
-    let stream = tokio::net::TcpStream::connect((host, port)).await.map_err(unavailable)?;
+    let stream = connect(host, port).await?;
     let mut reader = BufReader::new(stream);
     let req = format!("GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\nUser-Agent: minik8s-apiserver\r\n\r\n");
     reader.get_mut().write_all(req.as_bytes()).await.map_err(unavailable)?;
@@ -74,6 +152,9 @@ pub async fn proxy_get(host: &str, port: u16, path: &str) -> ApiResult<Response>
         let _ = tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut body).await;
         let msg = String::from_utf8_lossy(&body).trim().to_string();
         return Err(match code {
+            // The kubelet refused the apiserver itself (no or a wrong kubelet client certificate).
+            401 => ApiError::new(401, "Unauthorized", msg),
+            403 => ApiError::new(403, "Forbidden", msg),
             404 => ApiError::bad_request(msg),
             400..=499 => ApiError::bad_request(msg),
             _ => ApiError::internal(msg),
@@ -120,9 +201,9 @@ pub async fn proxy_upgrade(host: &str, port: u16, path: &str, parts: &mut http::
     let unavailable = |e: &dyn std::fmt::Display| {
         ApiError::new(503, "ServiceUnavailable", format!("error dialing the kubelet at {host}:{port}: {e}"))
     };
-    let tcp = tokio::net::TcpStream::connect((host, port)).await.map_err(|e| unavailable(&e))?;
+    let stream = connect(host, port).await?;
     let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.map_err(|e| unavailable(&e))?;
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| unavailable(&e))?;
     tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "kubelet stream connection ended");

@@ -54,12 +54,31 @@ struct Args {
     /// client certificate (and its Organizations as groups).
     #[arg(long)]
     client_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) the apiserver presents to kubelets (logs, exec, port-forward,
+    /// node proxy, stats).
+    #[arg(long, requires = "kubelet_client_key")]
+    kubelet_client_certificate: Option<PathBuf>,
+    /// Key of --kubelet-client-certificate.
+    #[arg(long, requires = "kubelet_client_certificate")]
+    kubelet_client_key: Option<PathBuf>,
+    /// CA that signed the kubelets' serving certificates; without it they are not verified.
+    #[arg(long)]
+    kubelet_certificate_authority: Option<PathBuf>,
     /// Directory of the embedded store (a SQLite file inside it).
     #[arg(long, default_value = "/var/lib/minik8s")]
     data_dir: PathBuf,
     /// etcd endpoints (comma-separated); selects the etcd backend instead of the embedded one.
     #[arg(long, value_delimiter = ',')]
     etcd_servers: Vec<String>,
+    /// SSL Certificate Authority file used to secure etcd communication (`https://` servers).
+    #[arg(long)]
+    etcd_cafile: Option<PathBuf>,
+    /// SSL certification file used to secure etcd communication.
+    #[arg(long, requires = "etcd_keyfile")]
+    etcd_certfile: Option<PathBuf>,
+    /// SSL key file used to secure etcd communication.
+    #[arg(long, requires = "etcd_certfile")]
+    etcd_keyfile: Option<PathBuf>,
     /// CIDR Service cluster IPs are allocated from.
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cluster_ip_range: String,
@@ -174,8 +193,12 @@ async fn main() -> anyhow::Result<()> {
 
     let authorization_modes = apiserver::authz::parse_modes(&args.authorization_mode)
         .map_err(|e| anyhow::anyhow!("invalid --authorization-mode: {e}"))?;
+    apiserver::kubeletclient::configure(
+        args.kubelet_client_certificate.as_deref().zip(args.kubelet_client_key.as_deref()),
+        args.kubelet_certificate_authority.as_deref(),
+    )?;
     let tls = match (&args.tls_cert_file, &args.tls_private_key_file) {
-        (Some(cert), Some(key)) => Some(apiserver::tls::server_config(&apiserver::tls::TlsFiles {
+        (Some(cert), Some(key)) => Some(common::tls::server_config(&common::tls::TlsFiles {
             cert,
             key,
             client_ca: args.client_ca_file.as_deref(),
@@ -203,7 +226,20 @@ async fn main() -> anyhow::Result<()> {
         None => None,
     };
     let backend = if args.etcd_servers.iter().any(|s| !s.is_empty()) {
-        storage::Backend::Etcd { endpoints: args.etcd_servers.iter().filter(|s| !s.is_empty()).cloned().collect() }
+        let read =
+            |flag: &str, p: &PathBuf| std::fs::read(p).with_context(|| format!("cannot read {flag} {}", p.display()));
+        let tls = if args.etcd_cafile.is_some() || args.etcd_certfile.is_some() {
+            Some(storage::etcd::EtcdTls {
+                ca: args.etcd_cafile.as_ref().map(|p| read("--etcd-cafile", p)).transpose()?,
+                identity: match (&args.etcd_certfile, &args.etcd_keyfile) {
+                    (Some(c), Some(k)) => Some((read("--etcd-certfile", c)?, read("--etcd-keyfile", k)?)),
+                    _ => None,
+                },
+            })
+        } else {
+            None
+        };
+        storage::Backend::Etcd { endpoints: args.etcd_servers.iter().filter(|s| !s.is_empty()).cloned().collect(), tls }
     } else {
         std::fs::create_dir_all(&args.data_dir)
             .with_context(|| format!("cannot create --data-dir {}", args.data_dir.display()))?;
@@ -280,7 +316,7 @@ async fn main() -> anyhow::Result<()> {
         tracing::warn!(%addr, "serving the Kubernetes API without authentication (--insecure-port)");
         // As kube-apiserver's insecure port: its requests are a superuser's.
         let app = apiserver::authz::insecure(apiserver::server::router(state.clone()));
-        tokio::spawn(apiserver::serve::serve(listener, app, shutdown_signal(), apiserver::serve::IDLE_TIMEOUT));
+        tokio::spawn(common::serve::serve(listener, app, shutdown_signal(), common::serve::IDLE_TIMEOUT));
     }
     // Authentication outside authorization: the authorizer reads the user it put in.
     let authz = state.authz.clone();
@@ -289,17 +325,26 @@ async fn main() -> anyhow::Result<()> {
     if authn.is_some() || args.client_ca_file.is_some() {
         app = apiserver::authn::layer(app, authenticators);
     }
-    let idle = apiserver::serve::IDLE_TIMEOUT;
+    let idle = common::serve::IDLE_TIMEOUT;
     let mut servers: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = Vec::new();
     if let Some(config) = tls {
         let (listener, addr) = listen(args.secure_port).await?;
         tracing::info!(%addr, client_ca = ?args.client_ca_file, "serving the Kubernetes API over HTTPS");
-        servers.push(Box::pin(apiserver::serve::serve_tls(listener, app.clone(), config, shutdown_signal(), idle)));
+        let user_of: common::serve::PeerUser<_> =
+            |der| apiserver::authn::user_of_certificate(der).map(apiserver::authn::CertificateUser);
+        servers.push(Box::pin(common::serve::serve_tls(
+            listener,
+            app.clone(),
+            config,
+            user_of,
+            shutdown_signal(),
+            idle,
+        )));
     }
     if plain_port != 0 {
         let (listener, addr) = listen(plain_port).await?;
         tracing::info!(%addr, "serving the Kubernetes API over plain HTTP");
-        servers.push(Box::pin(apiserver::serve::serve(listener, app, shutdown_signal(), idle)));
+        servers.push(Box::pin(common::serve::serve(listener, app, shutdown_signal(), idle)));
     }
     anyhow::ensure!(!servers.is_empty(), "no listener: --port 0 without --tls-cert-file");
     // Graceful shutdown lets requests finish, but a watch never finishes on its own: after

@@ -497,6 +497,20 @@ pub static RESOURCES: &[ResourceDef] = &[
         &crate::registry::crd::CRD,
         k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition
     ),
+    // certificates.k8s.io/v1
+    res!(
+        "certificates.k8s.io",
+        "v1",
+        "CertificateSigningRequest",
+        "certificatesigningrequests",
+        "certificatesigningrequest",
+        &["csr"],
+        NONE,
+        false,
+        &[Sub::Status, Sub::Approval],
+        &crate::registry::csr::CSR,
+        k::certificates::v1::CertificateSigningRequest
+    ),
     // scheduling.k8s.io/v1
     res!(
         "scheduling.k8s.io",

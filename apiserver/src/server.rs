@@ -323,7 +323,7 @@ async fn route(
 fn update_kind(sub: Option<Sub>) -> UpdateKind {
     match sub {
         Some(Sub::Status) => UpdateKind::Status,
-        Some(s @ (Sub::Finalize | Sub::EphemeralContainers)) => UpdateKind::Subresource(s),
+        Some(s @ (Sub::Finalize | Sub::EphemeralContainers | Sub::Approval)) => UpdateKind::Subresource(s),
         _ => UpdateKind::Main,
     }
 }
@@ -645,6 +645,9 @@ async fn resource_request(
                 let account = service_account(reg, &ns, &admission::service_account_name(&obj), &pod).await?;
                 admission::mount_service_account_token(&mut obj, &account, &apimachinery::names::random_suffix());
             }
+            if res.group == "certificates.k8s.io" && res.plural == "certificatesigningrequests" {
+                crate::registry::csr::set_requester(&mut obj, user);
+            }
             let mut out = reg.create(res, &ns, obj, &opts).await?;
             out.warnings.splice(0..0, w);
             match out.json {
@@ -655,7 +658,8 @@ async fn resource_request(
         ("update", None)
         | ("update", Some(Sub::Status))
         | ("update", Some(Sub::Finalize))
-        | ("update", Some(Sub::EphemeralContainers)) => {
+        | ("update", Some(Sub::EphemeralContainers))
+        | ("update", Some(Sub::Approval)) => {
             if rp.name.is_none() {
                 return Err(not_allowed());
             }
@@ -668,7 +672,10 @@ async fn resource_request(
             let code = if created { StatusCode::CREATED } else { StatusCode::OK };
             Ok(codec.respond(code, out.object, table, query, &out.warnings))
         }
-        ("patch", None) | ("patch", Some(Sub::Status)) | ("patch", Some(Sub::EphemeralContainers)) => {
+        ("patch", None)
+        | ("patch", Some(Sub::Status))
+        | ("patch", Some(Sub::EphemeralContainers))
+        | ("patch", Some(Sub::Approval)) => {
             if rp.name.is_none() {
                 return Err(not_allowed());
             }
@@ -723,7 +730,7 @@ async fn resource_request(
             Ok(json_response(StatusCode::OK, &codec.out_list(list), &[]))
         }
         // ---- status
-        ("get", Some(Sub::Status)) | ("get", Some(Sub::EphemeralContainers)) => {
+        ("get", Some(Sub::Status)) | ("get", Some(Sub::EphemeralContainers)) | ("get", Some(Sub::Approval)) => {
             Ok(codec.respond(StatusCode::OK, reg.get(res, &ns, &name).await?, table, query, &[]))
         }
         // ---- scale

@@ -705,6 +705,51 @@ fn kind_table(res: &ResourceDef) -> (Vec<Value>, CellsFn) {
                 vec![json!(s(o.pointer("/metadata/name"))), json!(service), json!(available), json!(age(o))]
             },
         ),
+        ("certificates.k8s.io", "certificatesigningrequests") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Age", "string", 0),
+                ("SignerName", "string", 0),
+                ("Requestor", "string", 0),
+                ("RequestedDuration", "string", 0),
+                ("Condition", "string", 0),
+            ]),
+            |o| {
+                let has = |ty: &str| {
+                    o.pointer("/status/conditions")
+                        .and_then(Value::as_array)
+                        .is_some_and(|cs| cs.iter().any(|c| c.get("type") == Some(&json!(ty))))
+                };
+                // kubectl's order of precedence: Denied, Approved, Pending; then Failed, Issued.
+                let mut condition = if has("Denied") {
+                    "Denied"
+                } else if has("Approved") {
+                    "Approved"
+                } else {
+                    "Pending"
+                }
+                .to_string();
+                if has("Failed") {
+                    condition.push_str(",Failed");
+                }
+                if o.pointer("/status/certificate").and_then(Value::as_str).is_some_and(|c| !c.is_empty()) {
+                    condition.push_str(",Issued");
+                }
+                let duration = o
+                    .pointer("/spec/expirationSeconds")
+                    .and_then(Value::as_i64)
+                    .map(human_duration)
+                    .unwrap_or_else(|| "<none>".into());
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(age(o)),
+                    json!(s(o.pointer("/spec/signerName"))),
+                    json!(s(o.pointer("/spec/username"))),
+                    json!(duration),
+                    json!(condition),
+                ]
+            },
+        ),
         ("storage.k8s.io", "storageclasses") => (
             cols(&[
                 ("Name", "string", 0),

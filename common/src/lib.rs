@@ -6,13 +6,17 @@
 //! - [`events`]: core/v1 Events, written in the background;
 //! - [`memory`]: freed heap pages returned to the system now and then;
 //! - [`lock`]: process locks, so what must be unique on a host runs once;
-//! - [`pki`]: the cluster CA, the apiserver's certificate and the identities' kubeconfigs.
+//! - [`pki`]: the cluster CA, the apiserver's certificate and the identities' kubeconfigs;
+//! - [`tls`] and [`serve`]: HTTPS listeners (the apiserver's secure port, the kubelet's
+//!   port) and the TLS client configuration of the apiserver's calls to kubelets.
 
 pub mod events;
 pub mod leader;
 pub mod lock;
 pub mod memory;
 pub mod pki;
+pub mod serve;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::Path;

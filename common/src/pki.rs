@@ -214,10 +214,15 @@ fn serial() -> SerialNumber {
 impl Ca {
     /// A new self-signed CA (CN `kubernetes`, as kubeadm names it).
     pub fn generate(now: OffsetDateTime) -> Result<Ca, PkiError> {
+        Ca::generate_named("kubernetes", now)
+    }
+
+    /// A new self-signed CA with the common name `cn`.
+    pub fn generate_named(cn: &str, now: OffsetDateTime) -> Result<Ca, PkiError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, "kubernetes");
+        params.distinguished_name.push(DnType::CommonName, cn);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyCertSign];
         params.not_before = now - BACKDATE;
@@ -263,6 +268,69 @@ impl Ca {
     }
 }
 
+/// A serving certificate for `host` valid for `names` (DNS names and IPs), signed by a CA
+/// made for it alone, as the kubelet makes its own when it is given none (Kubernetes'
+/// `<host>@<time>` and `<host>-ca@<time>`): the certificate followed by that CA (PEM), and
+/// the key. Nobody can verify it without that CA, which is why kube-apiserver does not
+/// verify kubelets unless told a CA that signed their certificates.
+pub fn self_signed_serving(host: &str, names: &[String], now: OffsetDateTime) -> Result<(String, String), PkiError> {
+    let ca = Ca::generate_named(&format!("{host}-ca@{}", now.unix_timestamp()), now)?;
+    let leaf = Leaf {
+        name: host.to_string(),
+        common_name: format!("{host}@{}", now.unix_timestamp()),
+        organizations: vec![],
+        usage: Usage::Server(names.to_vec()),
+        kubeconfig: false,
+    };
+    let (cert, key) = ca.issue(&leaf, now)?;
+    Ok((format!("{cert}{}", ca.cert_pem), key))
+}
+
+impl Ca {
+    /// Sign a certificate signing request (PEM): the requester's subject, names and public
+    /// key, for `usages` (Kubernetes' key usage names: `digital signature`, `key
+    /// encipherment`, `client auth`, `server auth` …), valid from a little before `now` for
+    /// `lifetime`. The certificate (PEM).
+    pub fn sign_request(
+        &self,
+        csr_pem: &str,
+        usages: &[String],
+        lifetime: Duration,
+        now: OffsetDateTime,
+    ) -> Result<String, PkiError> {
+        let invalid = |reason: String| PkiError::Invalid { file: CA_CERT.into(), reason };
+        let ca_key = KeyPair::from_pem(&self.key_pem).map_err(|e| invalid(format!("the CA key: {e}")))?;
+        let issuer = Issuer::from_ca_cert_pem(&self.cert_pem, ca_key).map_err(|e| invalid(e.to_string()))?;
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| PkiError::Spec(format!("the certificate request: {e}")))?;
+        let p = &mut csr.params;
+        p.not_before = now - BACKDATE;
+        p.not_after = now + lifetime;
+        p.serial_number = Some(serial());
+        p.is_ca = IsCa::ExplicitNoCa;
+        p.use_authority_key_identifier_extension = true;
+        p.key_usages = vec![];
+        p.extended_key_usages = vec![];
+        for u in usages {
+            match u.as_str() {
+                "digital signature" => p.key_usages.push(KeyUsagePurpose::DigitalSignature),
+                "key encipherment" => p.key_usages.push(KeyUsagePurpose::KeyEncipherment),
+                "content commitment" => p.key_usages.push(KeyUsagePurpose::ContentCommitment),
+                "data encipherment" => p.key_usages.push(KeyUsagePurpose::DataEncipherment),
+                "key agreement" => p.key_usages.push(KeyUsagePurpose::KeyAgreement),
+                "client auth" => p.extended_key_usages.push(ExtendedKeyUsagePurpose::ClientAuth),
+                "server auth" => p.extended_key_usages.push(ExtendedKeyUsagePurpose::ServerAuth),
+                "code signing" => p.extended_key_usages.push(ExtendedKeyUsagePurpose::CodeSigning),
+                "email protection" => p.extended_key_usages.push(ExtendedKeyUsagePurpose::EmailProtection),
+                "timestamping" => p.extended_key_usages.push(ExtendedKeyUsagePurpose::TimeStamping),
+                "ocsp signing" => p.extended_key_usages.push(ExtendedKeyUsagePurpose::OcspSigning),
+                other => return Err(PkiError::Spec(format!("unsupported key usage {other:?}"))),
+            }
+        }
+        Ok(csr.signed_by(&issuer)?.pem())
+    }
+}
+
 /// What a certificate says, as far as the PKI cares.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertInfo {
@@ -275,6 +343,85 @@ pub struct CertInfo {
     pub not_after: i64,
     pub issuer: String,
     pub subject: String,
+}
+
+/// The current time, as the PKI's functions take it.
+pub fn now() -> OffsetDateTime {
+    OffsetDateTime::now_utc()
+}
+
+/// A validity of `n` seconds, as the PKI's functions take it.
+pub fn seconds(n: i64) -> Duration {
+    Duration::seconds(n)
+}
+
+/// What a certificate signing request (PKCS#10) asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CsrInfo {
+    pub common_name: String,
+    pub organizations: Vec<String>,
+    /// DNS names, IP addresses, e-mail addresses and URIs asked for.
+    pub dns_names: Vec<String>,
+    pub ip_addresses: Vec<String>,
+    pub emails: Vec<String>,
+    pub uris: Vec<String>,
+}
+
+/// Read a `CERTIFICATE REQUEST` PEM block and check its signature (the requester holds the
+/// key). The error says what is wrong in words Kubernetes uses.
+pub fn parse_csr(pem: &[u8]) -> Result<CsrInfo, String> {
+    use x509_parser::prelude::*;
+    let (_, block) = x509_parser::pem::parse_x509_pem(pem).map_err(|_| "PEM block type must be CERTIFICATE REQUEST")?;
+    if block.label != "CERTIFICATE REQUEST" {
+        return Err("PEM block type must be CERTIFICATE REQUEST".into());
+    }
+    let (_, csr) = X509CertificationRequest::from_der(&block.contents)
+        .map_err(|e| format!("x509: malformed certificate request: {e}"))?;
+    csr.verify_signature().map_err(|e| format!("x509: the request's signature is invalid: {e}"))?;
+    let subject = &csr.certification_request_info.subject;
+    let text = |it: &mut dyn Iterator<Item = &AttributeTypeAndValue>| -> Vec<String> {
+        it.filter_map(|a| a.as_str().ok().map(str::to_string)).collect()
+    };
+    let mut info = CsrInfo {
+        common_name: text(&mut subject.iter_common_name()).into_iter().next().unwrap_or_default(),
+        organizations: text(&mut subject.iter_organization()),
+        dns_names: vec![],
+        ip_addresses: vec![],
+        emails: vec![],
+        uris: vec![],
+    };
+    for ext in csr.requested_extensions().into_iter().flatten() {
+        if let ParsedExtension::SubjectAlternativeName(san) = ext {
+            for name in &san.general_names {
+                match name {
+                    GeneralName::DNSName(d) => info.dns_names.push(d.to_string()),
+                    GeneralName::RFC822Name(e) => info.emails.push(e.to_string()),
+                    GeneralName::URI(u) => info.uris.push(u.to_string()),
+                    GeneralName::IPAddress(b) => info.ip_addresses.push(match b.len() {
+                        4 => IpAddr::from(<[u8; 4]>::try_from(*b).unwrap_or_default()).to_string(),
+                        16 => IpAddr::from(<[u8; 16]>::try_from(*b).unwrap_or_default()).to_string(),
+                        _ => format!("{b:?}"),
+                    }),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(info)
+}
+
+/// A new key and a certificate signing request for `common_name` in `organizations` (PEM:
+/// request, key), as a kubelet asks for its client certificate.
+pub fn new_csr(common_name: &str, organizations: &[&str]) -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    for o in organizations {
+        params.distinguished_name.push(DnType::OrganizationName, *o);
+    }
+    params.distinguished_name.push(DnType::CommonName, common_name);
+    let csr = params.serialize_request(&key)?;
+    Ok((csr.pem()?, key.serialize_pem()))
 }
 
 /// The first certificate of a PEM text, DER-decoded.
@@ -742,5 +889,52 @@ mod tests {
         let h = ca_cert_hash(&pem_to_der(&files[CA_CERT]).unwrap()).unwrap();
         assert!(h.starts_with("sha256:") && h.len() == 7 + 64, "{h}");
         assert_ne!(h, ca_cert_hash(&pem_to_der(&Ca::generate(now()).unwrap().cert_pem).unwrap()).unwrap());
+    }
+
+    #[test]
+    fn a_self_signed_serving_certificate_names_its_host_and_comes_with_its_ca() {
+        let now = OffsetDateTime::now_utc();
+        let (chain, key) = self_signed_serving("node-1", &["node-1".into(), "10.0.0.7".into()], now).unwrap();
+        let ders: Vec<Vec<u8>> =
+            x509_parser::pem::Pem::iter_from_buffer(chain.as_bytes()).map(|p| p.unwrap().contents).collect();
+        assert_eq!(ders.len(), 2, "the certificate and its CA");
+        let (leaf, ca) = (inspect(&ders[0]).unwrap(), inspect(&ders[1]).unwrap());
+        assert_eq!(leaf.sans, vec!["node-1".to_string(), "10.0.0.7".to_string()]);
+        assert!(leaf.common_name.starts_with("node-1@") && ca.common_name.starts_with("node-1-ca@") && ca.is_ca);
+        assert!(signed_by(&ders[0], &ders[1]));
+        assert!(key.contains("PRIVATE KEY"));
+    }
+
+    #[test]
+    fn a_request_is_read_checked_and_signed() {
+        let ca = Ca::generate(now()).unwrap();
+        let (csr, key) = new_csr("system:node:n1", &["system:nodes"]).unwrap();
+        let info = parse_csr(csr.as_bytes()).unwrap();
+        assert_eq!(
+            (info.common_name.as_str(), info.organizations.clone()),
+            ("system:node:n1", vec!["system:nodes".to_string()])
+        );
+        assert!(info.dns_names.is_empty() && info.ip_addresses.is_empty());
+        let usages = vec!["digital signature".to_string(), "client auth".to_string()];
+        let cert = ca.sign_request(&csr, &usages, Duration::hours(1), now()).unwrap();
+        let der = pem_to_der(&cert).unwrap();
+        let got = inspect(&der).unwrap();
+        assert_eq!(got.common_name, "system:node:n1");
+        assert!(signed_by(&der, &pem_to_der(&ca.cert_pem).unwrap()));
+        assert!((got.not_after - now().unix_timestamp() - 3600).abs() <= 5);
+        // The certificate is for the request's key.
+        let pair = KeyPair::from_pem(&key).unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert_eq!(parsed.public_key().subject_public_key.data.as_ref(), pair.public_key_raw());
+        // Not a request, a request with a broken signature.
+        assert_eq!(parse_csr(ca.cert_pem.as_bytes()).unwrap_err(), "PEM block type must be CERTIFICATE REQUEST");
+        let der = x509_parser::pem::parse_x509_pem(csr.as_bytes()).unwrap().1.contents;
+        let mut broken = der.clone();
+        let last = broken.len() - 1;
+        broken[last] ^= 1;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&broken);
+        let pem = format!("-----BEGIN CERTIFICATE REQUEST-----\n{b64}\n-----END CERTIFICATE REQUEST-----\n");
+        assert!(parse_csr(pem.as_bytes()).unwrap_err().contains("signature"));
+        assert!(ca.sign_request(&csr, &["bogus".to_string()], Duration::hours(1), now()).is_err());
     }
 }

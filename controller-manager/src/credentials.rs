@@ -51,6 +51,7 @@ pub fn service_account(controller: &str) -> &'static str {
         "statefulset" => "statefulset-controller",
         "daemonset" => "daemon-set-controller",
         "podgc" => "pod-garbage-collector",
+        "csrapproving" | "csrsigning" => "certificate-controller",
         _ => "",
     }
 }

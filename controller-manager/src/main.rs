@@ -6,6 +6,7 @@
 //! Each controller is a module whose decisions are pure functions (unit-tested) and
 //! whose reconcile function is a thin I/O shell over them.
 
+mod certificates;
 mod clusterroleaggregation;
 mod credentials;
 mod cronjob;
@@ -77,6 +78,8 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("daemonset", true),
     ("podgc", true),
     ("clusterrole-aggregation", true),
+    ("csrapproving", true),
+    ("csrsigning", true),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -138,6 +141,16 @@ struct Args {
     /// `kube-root-ca.crt` ConfigMap (empty without it: a plain-HTTP cluster).
     #[arg(long)]
     root_ca_file: Option<PathBuf>,
+    /// CA certificate (PEM) that signs the certificates of approved requests of the built-in
+    /// signers (csrsigning); without it and --cluster-signing-key-file nothing is signed.
+    #[arg(long)]
+    cluster_signing_cert_file: Option<PathBuf>,
+    /// Key of --cluster-signing-cert-file.
+    #[arg(long)]
+    cluster_signing_key_file: Option<PathBuf>,
+    /// The longest a signed certificate is valid (a request may ask for less).
+    #[arg(long, default_value = "8760h", value_parser = parse_duration)]
+    cluster_signing_duration: Duration,
     /// CIDR range for pods in the cluster (node IPAM).
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,
@@ -322,6 +335,25 @@ async fn main() -> anyhow::Result<()> {
                 };
                 tasks.spawn(rootcacertpublisher::run(client.clone(), ca));
             }
+            "csrapproving" => {
+                tasks.spawn(certificates::approver::run(client.clone()));
+            }
+            "csrsigning" => match (&args.cluster_signing_cert_file, &args.cluster_signing_key_file) {
+                (Some(cert), Some(key)) => {
+                    let read = |p: &PathBuf, flag: &str| {
+                        std::fs::read_to_string(p)
+                            .map_err(|e| anyhow::anyhow!("cannot read {flag} {}: {e}", p.display()))
+                    };
+                    let ca = common::pki::Ca {
+                        cert_pem: read(cert, "--cluster-signing-cert-file")?,
+                        key_pem: read(key, "--cluster-signing-key-file")?,
+                    };
+                    tasks.spawn(certificates::signer::run(client.clone(), ca, args.cluster_signing_duration));
+                }
+                _ => tracing::warn!(
+                    "skipping the CSR signer: no --cluster-signing-cert-file and --cluster-signing-key-file"
+                ),
+            },
             "clusterrole-aggregation" => {
                 tasks.spawn(clusterroleaggregation::run(client.clone()));
             }

@@ -2,7 +2,9 @@
 //! bound to it and runs them in Docker (pause container + app containers, PLEG, probes),
 //! and serves logs, health and metrics on `--port`.
 
+mod auth;
 mod backoff;
+mod bootstrap;
 mod cgroups;
 mod cidr;
 mod devicemanager;
@@ -42,6 +44,11 @@ struct Flags {
     /// Path to a kubeconfig file for the apiserver connection.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// A kubeconfig with a bootstrap identity (a bootstrap token): when --kubeconfig is
+    /// missing or its certificate has expired, the kubelet asks with it for a client
+    /// certificate (a CertificateSigningRequest) and writes --kubeconfig.
+    #[arg(long = "bootstrap-kubeconfig", requires = "kubeconfig")]
+    bootstrap_kubeconfig: Option<PathBuf>,
     /// The apiserver URL (overrides the kubeconfig's server).
     #[arg(long)]
     server: Option<String>,
@@ -63,12 +70,42 @@ struct Flags {
     /// The CIDR for pod IPs on this node (otherwise the Node's spec.podCIDR from node IPAM).
     #[arg(long = "pod-cidr")]
     pod_cidr: Option<String>,
-    /// Port of the kubelet's server (logs, healthz, metrics).
+    /// Port of the kubelet's HTTPS server (logs, exec, port-forward, stats, metrics).
     #[arg(long, default_value_t = 10250)]
     port: u16,
     /// Address the server binds.
     #[arg(long, default_value = "0.0.0.0")]
     address: String,
+    /// The serving certificate of --port (with its chain); without it the kubelet makes a
+    /// self-signed one in --cert-dir.
+    #[arg(long = "tls-cert-file", requires = "tls_private_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The key of --tls-cert-file.
+    #[arg(long = "tls-private-key-file", requires = "tls_cert_file")]
+    tls_private_key_file: Option<PathBuf>,
+    /// Where the self-signed serving certificate is kept (default: <root-dir>/pki).
+    #[arg(long = "cert-dir")]
+    cert_dir: Option<PathBuf>,
+    /// Callers presenting a client certificate signed by this CA are authenticated by it (CN
+    /// the user, O the groups).
+    #[arg(long = "client-ca-file")]
+    client_ca_file: Option<PathBuf>,
+    /// Requests without credentials are served as system:anonymous (subject to authorization).
+    #[arg(long = "anonymous-auth", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    anonymous_auth: bool,
+    /// Bearer tokens are authenticated by asking the apiserver (TokenReview).
+    #[arg(long = "authentication-token-webhook", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    authentication_token_webhook: bool,
+    /// AlwaysAllow, or Webhook: every request is authorized by the apiserver
+    /// (SubjectAccessReview on the node's nodes/proxy, nodes/stats, nodes/log … subresources).
+    #[arg(long = "authorization-mode", value_enum, default_value = "AlwaysAllow")]
+    authorization_mode: auth::Mode,
+    /// Port of the plain-HTTP /healthz (0 disables it).
+    #[arg(long = "healthz-port", default_value_t = 10248)]
+    healthz_port: u16,
+    /// Address of the plain-HTTP /healthz.
+    #[arg(long = "healthz-bind-address", default_value = "127.0.0.1")]
+    healthz_bind_address: String,
     /// The pause image of pod sandboxes.
     #[arg(long = "pod-infra-container-image", default_value = "minik8s/pause:latest")]
     pod_infra_container_image: String,
@@ -135,6 +172,9 @@ async fn main() -> Result<()> {
     std::fs::create_dir_all(&flags.root_dir)
         .with_context(|| format!("creating --root-dir {}", flags.root_dir.display()))?;
 
+    if let (Some(kubeconfig), Some(boot)) = (&flags.kubeconfig, &flags.bootstrap_kubeconfig) {
+        bootstrap::bootstrap(kubeconfig, boot, &node_name, flags.server.as_deref()).await?;
+    }
     let client = common::client(flags.kubeconfig.as_deref(), flags.server.as_deref()).await?;
     let rt = Arc::new(runtime::Runtime::connect(&node_name).await?);
     let docker_version = rt.version().await?;
@@ -171,8 +211,34 @@ async fn main() -> Result<()> {
         cluster_dns = ?flags.cluster_dns, cluster_domain = %flags.cluster_domain, "kubelet starting");
 
     let addr: SocketAddr = format!("{}:{}", flags.address, flags.port).parse().context("--address/--port")?;
-    let bound = server::serve(addr, k.clone()).await?;
-    tracing::info!(%bound, "serving healthz, metrics and container logs");
+    let tls = server::serving_certificate(
+        flags.tls_cert_file.as_deref().zip(flags.tls_private_key_file.as_deref()),
+        &flags.cert_dir.clone().unwrap_or_else(|| flags.root_dir.join("pki")),
+        &[node_name.clone(), node_ip.clone()],
+        flags.client_ca_file.as_deref(),
+    )?;
+    let auth = auth::Auth::new(
+        auth::Settings {
+            anonymous: flags.anonymous_auth,
+            token_webhook: flags.authentication_token_webhook,
+            mode: flags.authorization_mode,
+            node_name: node_name.clone(),
+        },
+        k.client.clone(),
+    );
+    let bound = server::serve(addr, k.clone(), tls, auth).await?;
+    tracing::info!(%bound, client_ca = ?flags.client_ca_file, anonymous = flags.anonymous_auth,
+        authorization = ?flags.authorization_mode, "serving the kubelet API over HTTPS");
+    if flags.healthz_port != 0 {
+        let addr = format!("{}:{}", flags.healthz_bind_address, flags.healthz_port);
+        match addr.parse().context("--healthz-bind-address/--healthz-port") {
+            Ok(addr) => match server::serve_healthz(addr).await {
+                Ok(bound) => tracing::info!(%bound, "serving /healthz over plain HTTP"),
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "no plain-HTTP /healthz"),
+            },
+            Err(e) => return Err(e),
+        }
+    }
 
     let reg = node::Registration { labels, taints, port: bound.port(), pod_cidr };
     // The apiserver may not be up yet: keep trying.

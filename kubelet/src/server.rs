@@ -1,8 +1,13 @@
-//! The kubelet's HTTP server on `--port`: `/healthz`, `/metrics`, and
+//! The kubelet's HTTPS server on `--port`: `/healthz`, `/metrics`, and
 //! `/containerLogs/<namespace>/<pod>/<container>` (query: follow, tailLines, previous,
 //! timestamps, sinceSeconds, limitBytes) as the apiserver's `pods/log` proxy expects, and
 //! `/stats/summary` (CPU and memory per container), and the streaming endpoints of
-//! `streaming/` (`/exec`, `/attach`).
+//! `streaming/` (`/exec`, `/attach`, `/portForward`). Every request passes [`crate::auth`]
+//! first. The certificate is `--tls-cert-file`, or one the kubelet makes for itself
+//! ([`serving_certificate`]).
+//!
+//! [`serve_healthz`] is the plain-HTTP `/healthz` of `--healthz-port` (loopback by
+//! default), for local health checks that hold no credentials.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,7 +46,13 @@ fn truthy(v: &Option<String>) -> bool {
     matches!(v.as_deref(), Some("true" | "1" | ""))
 }
 
-pub async fn serve(addr: SocketAddr, k: Arc<Kubelet>) -> anyhow::Result<SocketAddr> {
+/// Serve the kubelet's API over TLS on `addr`, every request checked by `auth`.
+pub async fn serve(
+    addr: SocketAddr,
+    k: Arc<Kubelet>,
+    tls: Arc<rustls::ServerConfig>,
+    auth: Arc<crate::auth::Auth>,
+) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let bound = listener.local_addr()?;
     let app = Router::new()
@@ -50,13 +61,55 @@ pub async fn serve(addr: SocketAddr, k: Arc<Kubelet>) -> anyhow::Result<SocketAd
         .route("/containerLogs/{ns}/{pod}/{container}", get(logs))
         .route("/stats/summary", get(summary))
         .merge(crate::streaming::routes())
-        .with_state(k);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "kubelet server stopped");
-        }
-    });
+        .with_state(k)
+        .layer(axum::middleware::from_fn_with_state(auth, crate::auth::layer));
+    let user_of: common::serve::PeerUser<_> = crate::auth::user_of_certificate;
+    tokio::spawn(common::serve::serve_tls(
+        listener,
+        app,
+        tls,
+        user_of,
+        std::future::pending(),
+        common::serve::IDLE_TIMEOUT,
+    ));
     Ok(bound)
+}
+
+/// The plain-HTTP `/healthz` on `addr` (Kubernetes' `--healthz-port`, 10248 on loopback).
+pub async fn serve_healthz(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let bound = listener.local_addr()?;
+    let app = Router::new().route("/healthz", get(|| async { "ok" }));
+    tokio::spawn(common::serve::serve(listener, app, std::future::pending(), common::serve::IDLE_TIMEOUT));
+    Ok(bound)
+}
+
+/// The TLS configuration of `--port`: `--tls-cert-file`/`--tls-private-key-file` when
+/// given, else `kubelet.crt`/`kubelet.key` in `cert_dir`, made (self-signed, for the node's
+/// name and addresses) when missing, as Kubernetes' kubelet does. Client certificates are
+/// checked against `client_ca`.
+pub fn serving_certificate(
+    files: Option<(&std::path::Path, &std::path::Path)>,
+    cert_dir: &std::path::Path,
+    names: &[String],
+    client_ca: Option<&std::path::Path>,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let (cert, key) = match files {
+        Some((cert, key)) => (cert.to_path_buf(), key.to_path_buf()),
+        None => {
+            let (cert, key) = (cert_dir.join("kubelet.crt"), cert_dir.join("kubelet.key"));
+            if !cert.exists() || !key.exists() {
+                let host = names.first().map(String::as_str).unwrap_or("localhost");
+                let (chain, private) = common::pki::self_signed_serving(host, names, time::OffsetDateTime::now_utc())?;
+                std::fs::create_dir_all(cert_dir).with_context(|| format!("creating {}", cert_dir.display()))?;
+                common::write_private(&key, private.as_bytes())?;
+                std::fs::write(&cert, chain).with_context(|| format!("writing {}", cert.display()))?;
+                tracing::info!(cert = %cert.display(), "made a self-signed serving certificate");
+            }
+            (cert, key)
+        }
+    };
+    Ok(common::tls::server_config(&common::tls::TlsFiles { cert: &cert, key: &key, client_ca })?)
 }
 
 async fn metrics(State(k): State<Arc<Kubelet>>) -> Response {

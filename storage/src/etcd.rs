@@ -101,6 +101,17 @@ pub struct EtcdOptions {
     /// Whether watches with progress send etcd `RequestProgress`; None decides from the
     /// etcd version (3.4.31+, 3.5.13+, 3.6+). Older versions may answer ahead of events.
     pub request_progress: Option<bool>,
+    /// TLS towards etcd (`https://` endpoints): the CA that signed etcd's certificate and the
+    /// client certificate to present (kube-apiserver's `--etcd-cafile`, `--etcd-certfile`,
+    /// `--etcd-keyfile`).
+    pub tls: Option<EtcdTls>,
+}
+
+/// TLS settings of the etcd client (PEM contents).
+#[derive(Clone, Debug, Default)]
+pub struct EtcdTls {
+    pub ca: Option<Vec<u8>>,
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Default for EtcdOptions {
@@ -111,6 +122,7 @@ impl Default for EtcdOptions {
             keep_alive_interval: Duration::from_secs(10),
             progress_interval: Duration::from_secs(1),
             request_progress: None,
+            tls: None,
         }
     }
 }
@@ -274,6 +286,19 @@ impl EtcdStore {
             // Only ping while streams (watches) are open: etcd's keepalive policy answers
             // pings on an idle connection with GOAWAY "too_many_pings".
             .with_keep_alive_while_idle(false);
+        let options = match &opts.tls {
+            None => options,
+            Some(tls) => {
+                let mut t = etcd_client::TlsOptions::new();
+                if let Some(ca) = &tls.ca {
+                    t = t.ca_certificate(etcd_client::Certificate::from_pem(ca));
+                }
+                if let Some((cert, key)) = &tls.identity {
+                    t = t.identity(etcd_client::Identity::from_pem(cert, key));
+                }
+                options.with_tls(t)
+            }
+        };
         let client = call(opts.request_timeout, "connect", Client::connect(endpoints, Some(options)))
             .await
             .map_err(|f| f.into_error("connect"))?;

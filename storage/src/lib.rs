@@ -289,15 +289,18 @@ pub trait Store: Send + Sync + 'static {
 pub enum Backend {
     /// SQLite file at this path.
     Embedded { path: std::path::PathBuf },
-    /// etcd endpoints such as `http://127.0.0.1:2379`.
-    Etcd { endpoints: Vec<String> },
+    /// etcd endpoints such as `http://127.0.0.1:2379` (`https://` with `tls`).
+    Etcd { endpoints: Vec<String>, tls: Option<etcd::EtcdTls> },
 }
 
 /// Open a backend.
 pub async fn open(backend: &Backend) -> Result<Arc<dyn Store>> {
     Ok(match backend {
         Backend::Embedded { path } => Arc::new(embedded::SqliteStore::open(path)?),
-        Backend::Etcd { endpoints } => Arc::new(etcd::EtcdStore::connect(endpoints).await?),
+        Backend::Etcd { endpoints, tls } => Arc::new(
+            etcd::EtcdStore::connect_with(endpoints, etcd::EtcdOptions { tls: tls.clone(), ..Default::default() })
+                .await?,
+        ),
     })
 }
 

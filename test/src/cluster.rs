@@ -12,7 +12,9 @@ pub fn repo() -> PathBuf {
 /// `scripts/cluster ARGS` with `MINIK8S_HOME=home`, debug builds and the apiserver on `port`:
 /// whether it succeeded, and its stdout followed by its stderr.
 pub fn script(home: &Path, port: u16, args: &[&str]) -> (bool, String) {
-    let out = Command::new(repo().join("scripts/cluster"))
+    let mut cmd = Command::new(repo().join("scripts/cluster"));
+    crate::strip_test_env(&mut cmd);
+    let out = cmd
         .args(args)
         .env("MINIK8S_HOME", home)
         .env("MINIK8S_PROFILE", "debug")

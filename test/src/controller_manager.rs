@@ -27,8 +27,7 @@ pub fn controller_manager_bin() -> PathBuf {
             return PathBuf::from(p);
         }
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        let status = crate::cargo_command()
             .args(["build", "-q", "-p", "controller-manager", "--bin", "controller-manager"])
             .current_dir(&root)
             .status()

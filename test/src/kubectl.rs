@@ -17,8 +17,7 @@ pub fn our_kubectl() -> PathBuf {
             return PathBuf::from(p);
         }
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        let status = crate::cargo_command()
             .args(["build", "-q", "-p", "kubectl", "--bin", "kubectl"])
             .current_dir(&root)
             .status()

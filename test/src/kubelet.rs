@@ -62,8 +62,7 @@ pub fn kubelet_bin() -> PathBuf {
         if let Ok(p) = std::env::var("MINIK8S_KUBELET_BIN") {
             return PathBuf::from(p);
         }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        let status = crate::cargo_command()
             .args(["build", "-q", "-p", "kubelet", "--bin", "kubelet"])
             .current_dir(workspace())
             .status()
@@ -250,7 +249,10 @@ impl Cluster {
 pub struct Kubelet {
     pub node: String,
     pub pod_cidr: String,
+    /// The HTTPS API port (`--port`).
     pub port: u16,
+    /// The plain-HTTP `/healthz` port (`--healthz-port`).
+    pub healthz_port: u16,
     pub server: String,
     /// More flags (`--kubeconfig` of the node's identity).
     extra: Vec<String>,
@@ -277,6 +279,7 @@ impl Kubelet {
             node: node.to_string(),
             pod_cidr: free_pod_cidr(),
             port: crate::free_port(),
+            healthz_port: crate::free_port(),
             server: server.to_string(),
             extra: extra.to_vec(),
             dir: tempfile::tempdir()?,
@@ -309,6 +312,7 @@ impl Kubelet {
         let child = Command::new(kubelet_bin())
             .args(["--server", &self.server, "--hostname-override", &self.node, "--node-ip", "127.0.0.1"])
             .args(["--pod-cidr", &self.pod_cidr, "--port", &self.port.to_string(), "--address", "127.0.0.1"])
+            .args(["--healthz-port", &self.healthz_port.to_string()])
             .arg("--root-dir")
             .arg(self.root_dir())
             .arg("--device-plugin-path")
@@ -328,7 +332,7 @@ impl Kubelet {
                     bail!("kubelet exited early ({st}); log:\n{}", self.log());
                 }
             }
-            if self.get("/healthz").map(|(s, _)| s == 200).unwrap_or(false) {
+            if crate::raw(self.healthz_port, "GET", "/healthz", None, b"").map(|r| r.status == 200).unwrap_or(false) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -358,11 +362,35 @@ impl Kubelet {
         self.child.as_mut().map(|c| matches!(c.try_wait(), Ok(None))).unwrap_or(false)
     }
 
-    /// GET a path of the kubelet's server: (status, body).
+    /// GET a path of the kubelet's HTTPS server without credentials (anonymous): (status, body).
     pub fn get(&self, path: &str) -> Result<(u16, String)> {
-        let r = crate::raw(self.port, "GET", path, None, b"")?;
-        Ok((r.status, r.text()))
+        self.get_with(path, &[])
     }
+
+    /// GET a path of the kubelet's HTTPS server with more `curl` arguments (a client
+    /// certificate, an `Authorization` header): (status, body). The kubelet's certificate is
+    /// its own, self-signed: not verified.
+    pub fn get_with(&self, path: &str, curl_args: &[&str]) -> Result<(u16, String)> {
+        https_get(&format!("https://127.0.0.1:{}{path}", self.port), curl_args)
+    }
+}
+
+/// GET `url` with `curl -k` and more arguments: (status, body).
+pub fn https_get(url: &str, curl_args: &[&str]) -> Result<(u16, String)> {
+    let out = Command::new("curl")
+        .args(["-sk", "--max-time", "60", "-w", "\n%{http_code}"])
+        .args(curl_args)
+        .arg(url)
+        .output()
+        .context("running curl")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let code: u16 = code
+        .trim()
+        .parse()
+        .with_context(|| format!("curl {url}: no status ({}): {}", out.status, String::from_utf8_lossy(&out.stderr)))?;
+    anyhow::ensure!(code != 0, "curl {url} failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok((code, body.to_string()))
 }
 
 impl Drop for Kubelet {

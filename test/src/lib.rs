@@ -41,8 +41,7 @@ pub fn apiserver_bin() -> PathBuf {
         if let Ok(p) = std::env::var("MINIK8S_APISERVER_BIN") {
             return PathBuf::from(p);
         }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        let status = crate::cargo_command()
             .args(["build", "-q", "-p", "apiserver", "--bin", "apiserver"])
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
             .status()
@@ -55,14 +54,48 @@ pub fn apiserver_bin() -> PathBuf {
     .clone()
 }
 
+/// A `cargo` command for building workspace binaries from inside a test: without the
+/// variables cargo sets for the test process ([`strip_test_env`]).
+pub fn cargo_command() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    strip_test_env(&mut cmd);
+    cmd
+}
+
+/// Remove from `cmd`'s environment what cargo sets for a test process (`CARGO_MANIFEST_DIR`,
+/// `CARGO_PKG_*` …). A build started with them differs from the outer `cargo test` for
+/// build scripts that watch them (ring's watches `CARGO_MANIFEST_DIR`): each such build
+/// re-ran them and rebuilt everything above (rustls, kube, the apiserver: ~40 s per test
+/// binary), and the next `cargo test` rebuilt it all again.
+pub fn strip_test_env(cmd: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let set_for_tests = name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+            || matches!(
+                name.as_ref(),
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_MANIFEST_LINKS"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+            );
+        if set_for_tests {
+            cmd.env_remove(name.as_ref());
+        }
+    }
+}
+
 /// Build a workspace binary once per test process (cargo's lock serializes concurrent
 /// builds) and return its path; the environment variable `env_override` names another.
 pub fn workspace_bin(package: &str, bin: &str, env_override: &str) -> PathBuf {
     if let Ok(p) = std::env::var(env_override) {
         return PathBuf::from(p);
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
+    let status = crate::cargo_command()
         .args(["build", "-q", "-p", package, "--bin", bin])
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
         .status()
@@ -197,6 +230,8 @@ impl ApiServer {
             ("--client-ca-file", "ca.crt"),
             ("--service-account-signing-key-file", "sa.key"),
             ("--service-account-key-file", "sa.pub"),
+            ("--kubelet-client-certificate", "apiserver-kubelet-client.crt"),
+            ("--kubelet-client-key", "apiserver-kubelet-client.key"),
         ] {
             all.extend([flag.to_string(), pki.join(file).display().to_string()]);
         }
@@ -368,7 +403,7 @@ pub fn use_release_apiserver() {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let status = crate::cargo_command()
         .args(["build", "-q", "--release", "-p", "apiserver"])
         .current_dir(&root)
         .status()

@@ -30,8 +30,7 @@ pub fn bin_dir() -> PathBuf {
         if let Ok(d) = std::env::var("MINIK8S_MODULE_CONTROLLER_DIR") {
             return PathBuf::from(d);
         }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        let status = crate::cargo_command()
             .args(["build", "-q", "-p", "module-controller", "--bins"])
             .current_dir(root())
             .status()

@@ -17,8 +17,7 @@ pub fn scheduler_bin() -> PathBuf {
         if let Ok(p) = std::env::var("MINIK8S_SCHEDULER_BIN") {
             return PathBuf::from(p);
         }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        let status = crate::cargo_command()
             .args(["build", "-q", "-p", "scheduler", "--bin", "scheduler"])
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
             .status()

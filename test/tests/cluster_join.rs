@@ -1,12 +1,16 @@
 //! A cluster across machines, on one host: `scripts/cluster up --role server` serves the API
-//! over HTTPS on every address (client certificates, plus a join token) and prints a join
-//! command carrying the CA's hash; that command, run from a second state directory with this
-//! host's non-loopback address, pins the CA, adds a node that becomes Ready (InternalIP =
-//! that address) and runs a scheduled pod whose log comes back through the apiserver. The
-//! admin kubeconfig works from the host's address with the official kubectl; without
-//! credentials, or with a wrong token, it gets Kubernetes' 401 `Status`; the health
-//! endpoints stay open; a wrong CA hash is refused before the token is sent. `down` on both
-//! leaves no process, container, bridge or Service rule behind.
+//! over HTTPS on every address (client certificates, plus bootstrap tokens) and prints a
+//! join command carrying a bootstrap token and the CA's hash; that command (with a token
+//! from `token create`), run from a second state directory with this host's non-loopback
+//! address, pins the CA, has the kubelet ask for its own certificate (a
+//! CertificateSigningRequest the controller-manager approves and signs), adds a node that
+//! becomes Ready (InternalIP = that address) as `system:node:<name>` and runs a scheduled
+//! pod whose log comes back through the apiserver. The token itself authenticates but may
+//! do nothing but ask for certificates. The admin kubeconfig works from the host's address
+//! with the official kubectl; without credentials, or with a wrong token, it gets
+//! Kubernetes' 401 `Status`; the health endpoints stay open; a wrong CA hash is refused
+//! before the token is sent, a wrong, malformed or expired token with a clear message.
+//! `down` on both leaves no process, container, bridge or Service rule behind.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -78,7 +82,13 @@ fn server_and_joined_node_with_token_authentication() {
         })
         .unwrap_or_else(|| panic!("join --server {server:?} is not https://IP:PORT"));
     assert!(host_ip.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| !ip.is_loopback()), "non-loopback: {host_ip}");
-    assert!(token.len() >= 32, "a random token: {token:?}");
+    let (id, secret) = token.split_once('.').unwrap_or_default();
+    assert!(
+        id.len() == 6
+            && secret.len() == 16
+            && token.chars().all(|c| c == '.' || c.is_ascii_lowercase() || c.is_ascii_digit()),
+        "a bootstrap token ID.SECRET: {token:?}"
+    );
     let pki = server_home.join("pki");
     let expected_hash = std::process::Command::new(e2e::supervisor_bin())
         .args(["certs", "ca-hash", "--dir"])
@@ -88,8 +98,8 @@ fn server_and_joined_node_with_token_authentication() {
     assert_eq!(ca_hash, String::from_utf8_lossy(&expected_hash.stdout).trim(), "the join command pins the CA");
     let (ok, out) = cluster(&server_home, port, &["up", "--role", "server"]);
     assert!(ok && out.contains("already up") && out.contains(join_line.trim()), "a second up repeats the join:\n{out}");
-    let tokens = std::fs::read_to_string(server_home.join("tokens.csv")).unwrap();
-    assert!(tokens.starts_with(&format!("{token},")), "the token file lists the token: {tokens:?}");
+    let tokens = std::fs::read_to_string(server_home.join("join-token")).unwrap();
+    assert!(tokens.starts_with(&format!("{token} ")), "the state keeps the current token: {tokens:?}");
 
     // The admin kubeconfig (a client certificate) names the host's address: the official
     // kubectl works with it as from another machine.
@@ -101,15 +111,27 @@ fn server_and_joined_node_with_token_authentication() {
     assert!(ok && out.contains(&format!("node/{server_node}")), "the server's node is named after the host:\n{out}");
     let (ok, out) = kubectl(&[&kc_arg, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]);
     assert!(ok && out == "kubernetes-admin", "the admin's identity:\n{out}");
-    // The join token over HTTPS: our kubectl and the official one are let in.
+    // The join token over HTTPS: our kubectl and the official one are let in as the token's
+    // bootstrap user, who may ask for certificates and nothing else.
     let ca = pki.join("ca.crt");
     let ca_arg = format!("--certificate-authority={}", ca.display());
     let empty = tmp.path().join("empty-kubeconfig");
     std::fs::write(&empty, "apiVersion: v1\nkind: Config\n").unwrap();
     let empty_arg = format!("--kubeconfig={}", empty.display());
+    let with_token = [empty_arg.as_str(), "--server", server.as_str(), ca_arg.as_str(), "--token", token.as_str()];
     let (ok, out) =
-        kubectl(&[&empty_arg, "--server", &server, &ca_arg, "--token", &token, "get", "nodes", "-o", "name"]);
-    assert!(ok && out.contains(&format!("node/{server_node}")), "official kubectl with the token:\n{out}");
+        kubectl(&[&with_token[..], &["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]].concat());
+    assert!(ok && out == format!("system:bootstrap:{id}"), "official kubectl with the token:\n{out}");
+    let (ok, out) = kubectl(&[&with_token[..], &["get", "nodes", "-o", "name"]].concat());
+    assert!(
+        !ok && out.contains(&format!(
+            "nodes is forbidden: User \"system:bootstrap:{id}\" cannot list resource \"nodes\" in API group \"\" at the cluster scope"
+        )),
+        "the token may not list nodes:\n{out}"
+    );
+    let (ok, out) = kubectl(&[&with_token[..], &["auth", "can-i", "create", "certificatesigningrequests"]].concat());
+    // (kubectl adds a warning that the resource is cluster-scoped.)
+    assert!(ok && out.starts_with("yes\n"), "the token may ask for certificates:\n{out}");
     let token_kc = tmp.path().join("token.kubeconfig");
     std::fs::write(
         &token_kc,
@@ -120,9 +142,8 @@ fn server_and_joined_node_with_token_authentication() {
         ),
     )
     .unwrap();
-    let (ok, out) =
-        run(&our_kubectl(), &[&format!("--kubeconfig={}", token_kc.display()), "get", "nodes", "-o", "name"]);
-    assert!(ok && out.contains(&format!("node/{server_node}")), "our kubectl with the token:\n{out}");
+    let (ok, out) = run(&our_kubectl(), &[&format!("--kubeconfig={}", token_kc.display()), "get", "csr"]);
+    assert!(ok && out.contains("No resources found"), "our kubectl with the token:\n{out}");
     let wrong = tmp.path().join("wrong.kubeconfig");
     std::fs::write(&wrong, std::fs::read_to_string(&token_kc).unwrap().replace(&token, "not-the-token")).unwrap();
     let (ok, out) = run(&our_kubectl(), &[&format!("--kubeconfig={}", wrong.display()), "get", "nodes"]);
@@ -172,15 +193,52 @@ fn server_and_joined_node_with_token_authentication() {
         )
     };
     let (ok, out) = bad_join("bad", &ca_hash);
+    assert!(!ok && out.contains("join needs --token ID.SECRET"), "join with a malformed token:\n{out}");
+    let (ok, out) = bad_join("abcdef.0123456789abcdef", &ca_hash);
     assert!(!ok && out.contains("refused the token (401 Unauthorized)"), "join with a wrong token:\n{out}");
+    // An expired bootstrap token (kubeadm's Secret, its expiration past) is refused as well.
+    let expired = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "bootstrap-token-expird", "namespace": "kube-system"},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {"token-id": "expird", "token-secret": "0123456789abcdef", "expiration": "2020-01-01T00:00:00Z",
+                       "usage-bootstrap-authentication": "true",
+                       "auth-extra-groups": "system:bootstrappers:kubeadm:default-node-token"}});
+    let expired_file = tmp.path().join("expired.json");
+    std::fs::write(&expired_file, expired.to_string()).unwrap();
+    let (ok, out) = kubectl(&[&kc_arg, "create", "-f", &expired_file.display().to_string()]);
+    assert!(ok, "{out}");
+    let (ok, out) = bad_join("expird.0123456789abcdef", &ca_hash);
+    assert!(!ok && out.contains("refused the token (401 Unauthorized)"), "join with an expired token:\n{out}");
     let other_hash = format!("sha256:{}", "0".repeat(64));
     let (ok, out) = bad_join(&token, &other_hash);
     assert!(!ok && out.contains("presented no CA certificate with hash"), "join with a wrong CA hash:\n{out}");
-    let mut join: Vec<&str> = words[1..].to_vec();
+    // A new token (kubeadm's `token create --print-join-command`) joins as well.
+    let (ok, out) = cluster(&server_home, port, &["token", "create"]);
+    let new_line = out.lines().find(|l| l.starts_with("scripts/cluster join ")).unwrap_or_default().to_string();
+    assert!(ok && !new_line.contains(&token) && new_line.contains(&ca_hash), "token create:\n{out}");
+    let new_words: Vec<&str> = new_line.split_whitespace().collect();
+    let new_id =
+        new_words[new_words.iter().position(|w| *w == "--token").unwrap() + 1].split('.').next().unwrap().to_string();
+    let mut join: Vec<&str> = new_words[1..].to_vec();
     join.extend_from_slice(&["--node-name", &joined, "--no-kubeproxy"]);
     let (ok, out) = cluster(&agent_home, port, &join);
     assert!(ok, "join failed:\n{out}");
     assert!(out.contains(&format!("node {joined} joined {server} and is Ready")), "join says so:\n{out}");
+    // The kubelet asked for its certificate with the token; it was approved and issued.
+    let (ok, out) = kubectl(&[&kc_arg, "get", "csr"]);
+    let row = out.lines().find(|l| l.contains(&format!("system:bootstrap:{new_id}"))).unwrap_or_default();
+    assert!(
+        ok && out.starts_with("NAME")
+            && row.contains("kubernetes.io/kube-apiserver-client-kubelet")
+            && row.ends_with("Approved,Issued"),
+        "the joined node's certificate request:\n{out}"
+    );
+    // The joined node is system:node:<name>: its own Node is its to change, another's is not.
+    let agent_kc = format!("--kubeconfig={}", agent_home.join("kubeconfig").display());
+    let (ok, out) = kubectl(&[&agent_kc, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]);
+    assert!(ok && out == format!("system:node:{joined}"), "the joined node's identity:\n{out}");
+    let (ok, out) = kubectl(&[&agent_kc, "label", "node", &server_node, "stolen=yes"]);
+    assert!(!ok && out.contains("forbidden"), "a node changed another node:\n{out}");
     let (ok, out) = cluster(&agent_home, port, &join);
     assert!(ok && out.contains("already runs node"), "a second join is a no-op:\n{out}");
     let (ok, out) = cluster(&agent_home, port, &["status"]);

@@ -1,6 +1,6 @@
 //! `kubectl logs`: the apiserver proxies `pods/log` to the kubelet of the pod's node (the
 //! Node's InternalIP and `daemonEndpoints.kubeletEndpoint.Port`). The kubelet side here is a
-//! small HTTP server standing in for `/containerLogs` (the real kubelet needs Docker; its
+//! small HTTPS server standing in for `/containerLogs` (the real kubelet needs Docker; its
 //! own tests cover that endpoint); it records the path and query it was asked for.
 
 use std::io::{BufRead, BufReader, Write};
@@ -10,18 +10,28 @@ use std::sync::{Arc, Mutex};
 use anyhow::{ensure, Result};
 use e2e::{official_kubectls, ApiServer};
 
-/// Serve `/containerLogs/...` on a free port; returns the port and the requested paths.
+/// Serve `/containerLogs/...` over TLS (a self-signed certificate, as a kubelet's own) on
+/// a free port; returns the port and the requested paths.
 fn fake_kubelet() -> Result<(u16, Arc<Mutex<Vec<String>>>)> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = seen.clone();
+    let key = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()])?;
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![key.cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.signing_key.serialize_der().into()),
+            )?,
+    );
     std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let mut reader = BufReader::new(match conn.try_clone() {
-                Ok(c) => c,
-                Err(_) => continue,
-            });
+        for tcp in listener.incoming().flatten() {
+            let Ok(session) = rustls::ServerConnection::new(config.clone()) else { continue };
+            let mut conn = rustls::StreamOwned::new(session, tcp);
+            let mut reader = BufReader::new(&mut conn);
             let mut line = String::new();
             if reader.read_line(&mut line).is_err() {
                 continue;
@@ -30,7 +40,6 @@ fn fake_kubelet() -> Result<(u16, Arc<Mutex<Vec<String>>>)> {
             if let Ok(mut s) = seen2.lock() {
                 s.push(path.clone());
             }
-            let mut conn = conn;
             let resp = if path == "/healthz" {
                 "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nok".to_string()
             } else if path.starts_with("/containerLogs/default/web/app") {
@@ -39,6 +48,8 @@ fn fake_kubelet() -> Result<(u16, Arc<Mutex<Vec<String>>>)> {
                 "HTTP/1.0 404 Not Found\r\n\r\ncontainer not found".to_string()
             };
             let _ = conn.write_all(resp.as_bytes());
+            conn.conn.send_close_notify();
+            let _ = conn.flush();
         }
     });
     Ok((port, seen))

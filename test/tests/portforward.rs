@@ -326,16 +326,22 @@ async fn kube_crate_port_forward() -> Result<()> {
     ensure!(code == 400 && body.contains("Upgrade request required"), "{code} {body}");
     let (code, body) = env.kubelet.get("/portForward/default/nope")?;
     ensure!(code == 404 && body.contains("\"kind\":\"Status\""), "{code} {body}");
-    let mut c = TcpStream::connect(("127.0.0.1", env.kubelet.port))?;
-    c.set_read_timeout(Some(Duration::from_secs(30)))?;
-    c.write_all(
-        b"POST /portForward/default/web HTTP/1.1\r\nHost: k\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
-          X-Stream-Protocol-Version: v9.bogus\r\nContent-Length: 0\r\n\r\n",
+    let (code, head) = env.kubelet.get_with(
+        "/portForward/default/web",
+        &[
+            "-i",
+            "-X",
+            "POST",
+            "-H",
+            "Connection: Upgrade",
+            "-H",
+            "Upgrade: SPDY/3.1",
+            "-H",
+            "X-Stream-Protocol-Version: v9.bogus",
+        ],
     )?;
-    let mut head = [0u8; 1024];
-    let n = c.read(&mut head)?;
-    let head = String::from_utf8_lossy(&head[..n]).to_lowercase();
-    ensure!(head.starts_with("http/1.1 403"), "{head}");
+    let head = head.to_lowercase();
+    ensure!(code == 403, "{code} {head}");
     ensure!(head.contains("x-accepted-stream-protocol-versions: portforward.k8s.io"), "{head}");
 
     // A pod that does not exist: a Status, not a hang.

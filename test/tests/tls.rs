@@ -282,10 +282,20 @@ fn components_with_their_own_identities_run_a_pod() {
     let api = ApiServer::start_tls(&[&node], &["--authorization-mode=Node,RBAC"]).unwrap();
     let _sched = e2e::scheduler::Scheduler::start(&api, &[]).unwrap();
     let cm = e2e::controller_manager::ControllerManager::start(&api, &["--use-service-account-credentials"]).unwrap();
+    // The kubelet as `scripts/cluster up` runs it: only callers with a certificate of the
+    // cluster's CA or a token the apiserver vouches for, each only as RBAC allows.
     let kubelet = e2e::kubelet::Kubelet::start_named(
         &api.https_url(),
         &node,
-        &["--kubeconfig".to_string(), api.identity(&format!("kubelet-{node}.conf")).display().to_string()],
+        &[
+            "--kubeconfig".to_string(),
+            api.identity(&format!("kubelet-{node}.conf")).display().to_string(),
+            "--client-ca-file".to_string(),
+            api.identity("ca.crt").display().to_string(),
+            "--anonymous-auth=false".to_string(),
+            "--authentication-token-webhook".to_string(),
+            "--authorization-mode=Webhook".to_string(),
+        ],
     )
     .unwrap();
     let admin = kc_arg(&api.identity("admin.conf"));
@@ -333,6 +343,7 @@ fn components_with_their_own_identities_run_a_pod() {
     // The kubelet registered its Node with its own identity (unauthenticated requests get 401).
     let (ok, out) = run(&kubectl, &[&admin, "get", "node", &node, "-o", "name"]);
     assert!(ok && out.trim() == format!("node/{node}"), "{out}");
+    kubelet_checks_who_calls_it(&api, &kubelet, &kubectl, &admin);
     let (_, out) = run(&kubectl, &[&admin, "delete", "deployment", "web", "--wait=false"]);
     assert!(out.contains("deleted"), "{out}");
     // The garbage collector removes its ReplicaSets and pods as generic-garbage-collector.
@@ -350,4 +361,168 @@ fn components_with_their_own_identities_run_a_pod() {
     let denied: Vec<String> =
         log.lines().filter(|l| l.contains("is forbidden")).map(|l| l.chars().take(300).collect()).collect();
     assert!(denied.is_empty(), "the controller-manager was refused:\n{}", denied.join("\n"));
+}
+
+/// The kubelet's HTTPS port answers only callers it can authenticate, and only for what the
+/// apiserver authorizes; the apiserver reaches it with its kubelet-client certificate.
+fn kubelet_checks_who_calls_it(api: &ApiServer, kubelet: &e2e::kubelet::Kubelet, kubectl: &Path, admin: &str) {
+    // Through the apiserver (exec and logs go to the kubelet with the apiserver's certificate).
+    let (ok, out) = run(kubectl, &[admin, "exec", "deploy/web", "--", "echo", "through-the-apiserver"]);
+    assert!(ok && out.trim() == "through-the-apiserver", "kubectl exec:\n{out}\n{}", kubelet.log());
+    let (ok, out) = run(kubectl, &[admin, "logs", "deploy/web"]);
+    assert!(ok, "kubectl logs:\n{out}");
+    let (ok, out) =
+        run(kubectl, &[admin, "get", "--raw", &format!("/api/v1/nodes/{}/proxy/stats/summary", kubelet.node)]);
+    assert!(ok && out.contains("\"podRef\""), "nodes/proxy:\n{out}");
+
+    // Directly: nobody anonymous.
+    let (code, body) = kubelet.get("/stats/summary").unwrap();
+    assert_eq!((code, body.trim()), (401, "Unauthorized"));
+    let (code, _) = kubelet.get_with("/healthz", &["-H", "Authorization: Bearer not-a-token"]).unwrap();
+    assert_eq!(code, 401, "a token the apiserver does not know");
+    // A ServiceAccount's token: authenticated, but allowed nothing on the node.
+    for args in [
+        vec!["create", "serviceaccount", "nobody"],
+        vec!["create", "serviceaccount", "reader"],
+        vec![
+            "create",
+            "clusterrolebinding",
+            "reader-kubelet",
+            "--clusterrole=system:kubelet-api-admin",
+            "--serviceaccount=default:reader",
+        ],
+    ] {
+        let mut all = vec![admin];
+        all.extend(args.iter().copied());
+        let (ok, out) = run(kubectl, &all);
+        assert!(ok, "{args:?}: {out}");
+    }
+    let token = |sa: &str| {
+        let (ok, out) = run(kubectl, &[admin, "create", "token", sa]);
+        assert!(ok, "create token: {out}");
+        format!("Authorization: Bearer {}", out.trim())
+    };
+    let nobody = token("nobody");
+    let (code, body) = kubelet.get_with("/stats/summary", &["-H", &nobody]).unwrap();
+    assert_eq!(
+        (code, body.trim()),
+        (403, "Forbidden (user=system:serviceaccount:default:nobody, verb=get, resource=nodes, subresource=stats)")
+    );
+    let (code, body) = kubelet.get_with("/containerLogs/default/x/y", &["-H", &nobody]).unwrap();
+    assert!(code == 403 && body.contains("subresource=proxy"), "{code} {body}");
+    // Bound to system:kubelet-api-admin: allowed.
+    let reader = token("reader");
+    let (code, body) = kubelet.get_with("/stats/summary", &["-H", &reader]).unwrap();
+    assert!(code == 200 && body.contains("\"podRef\""), "{code} {body}");
+    // A client certificate of the cluster's CA (the admin's, in system:masters).
+    let now = time::OffsetDateTime::now_utc();
+    let files = tempfile::tempdir().unwrap();
+    let write_pair = |name: &str, ca: &common::pki::Ca| {
+        let (c, k) = ca.issue(&common::pki::Leaf::client(name, "kubernetes-admin", &["system:masters"]), now).unwrap();
+        let (cp, kp) = (files.path().join(format!("{name}.crt")), files.path().join(format!("{name}.key")));
+        std::fs::write(&cp, c).unwrap();
+        std::fs::write(&kp, k).unwrap();
+        (cp.display().to_string(), kp.display().to_string())
+    };
+    let (cert, key) = write_pair("admin", &ca_of(api));
+    let (code, body) = kubelet.get_with("/healthz", &["--cert", &cert, "--key", &key]).unwrap();
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    // The same certificate from a CA the kubelet does not trust: no handshake.
+    let (fc, fk) = write_pair("foreign", &common::pki::Ca::generate(now).unwrap());
+    assert!(
+        kubelet.get_with("/healthz", &["--cert", &fc, "--key", &fk]).is_err(),
+        "a foreign CA's certificate was accepted"
+    );
+    // Plain HTTP on the kubelet's port: Go's answer.
+    let r = e2e::raw(kubelet.port, "GET", "/healthz", None, b"").unwrap();
+    assert_eq!(r.status, 400);
+}
+
+/// The apiserver stores in an etcd that speaks only TLS and wants client certificates
+/// (`--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`, as kube-apiserver), and says why
+/// when it cannot reach it.
+#[test]
+fn the_apiserver_reaches_etcd_over_tls() {
+    if Command::new("etcd").arg("--version").output().is_err() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but no etcd (Debian package etcd-server)");
+        eprintln!("SKIPPED: no etcd binary");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let ca = common::pki::Ca::generate(now).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let leaf = |name: &str, usage: common::pki::Usage| common::pki::Leaf {
+        name: name.into(),
+        common_name: name.into(),
+        organizations: vec![],
+        usage,
+        kubeconfig: false,
+    };
+    let (server_crt, server_key) = ca
+        .issue(&leaf("etcd-server", common::pki::Usage::Server(vec!["127.0.0.1".into(), "localhost".into()])), now)
+        .unwrap();
+    let (client_crt, client_key) =
+        ca.issue(&leaf("kube-apiserver-etcd-client", common::pki::Usage::Client), now).unwrap();
+    let ca_file = write("ca.crt", &ca.cert_pem);
+    let (scrt, skey) = (write("server.crt", &server_crt), write("server.key", &server_key));
+    let (ccrt, ckey) = (write("client.crt", &client_crt), write("client.key", &client_key));
+    let (client_port, peer_port) = (e2e::free_port(), e2e::free_port());
+    let url = format!("https://127.0.0.1:{client_port}");
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
+    let mut etcd = Command::new("etcd")
+        .args(["--name", "tls", "--data-dir", &dir.path().join("data").display().to_string()])
+        .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+        .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+        .args(["--initial-cluster", &format!("tls={peer}")])
+        .args(["--cert-file", &scrt, "--key-file", &skey, "--trusted-ca-file", &ca_file, "--client-cert-auth"])
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _etcd = Kill(&mut etcd);
+    // Until etcd answers over TLS (its start may take a while on a busy machine).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let health =
+            e2e::kubelet::https_get(&format!("{url}/health"), &["--cacert", &ca_file, "--cert", &ccrt, "--key", &ckey]);
+        if health.is_ok_and(|(code, body)| code == 200 && body.contains("true")) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "etcd not healthy:\n{}", read(dir.path().join("etcd.log")));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let with_tls = ApiServer::start_with(&[
+        "--etcd-servers",
+        &url,
+        "--etcd-cafile",
+        &ca_file,
+        "--etcd-certfile",
+        &ccrt,
+        "--etcd-keyfile",
+        &ckey,
+    ])
+    .unwrap_or_else(|e| panic!("apiserver over TLS etcd: {e:#}\netcd log:\n{}", read(dir.path().join("etcd.log"))));
+    let out = with_tls.kubectl(&["create", "configmap", "over-tls", "--from-literal=k=v"]).unwrap();
+    assert!(out.stdout.contains("created"), "{out:?}");
+    let out = with_tls.kubectl(&["get", "configmap", "over-tls", "-o", "jsonpath={.data.k}"]).unwrap();
+    assert_eq!(out.stdout, "v");
+    drop(with_tls);
+    // Without a client certificate etcd refuses the connection: the apiserver does not start.
+    let err = ApiServer::start_with(&["--etcd-servers", &url, "--etcd-cafile", &ca_file])
+        .err()
+        .expect("an apiserver without an etcd client certificate started");
+    assert!(format!("{err:#}").contains("etcd"), "{err:#}");
 }

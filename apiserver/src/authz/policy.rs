@@ -30,6 +30,7 @@ const AUTHENTICATION: &str = "authentication.k8s.io";
 const AUTHORIZATION: &str = "authorization.k8s.io";
 const AUTOSCALING: &str = "autoscaling";
 const BATCH: &str = "batch";
+const CERTIFICATES: &str = "certificates.k8s.io";
 const COORDINATION: &str = "coordination.k8s.io";
 const DISCOVERY: &str = "discovery.k8s.io";
 const EVENTS: &str = "events.k8s.io";
@@ -101,6 +102,8 @@ pub fn node_rules() -> Vec<PolicyRule> {
     vec![
         rule(&["create"], &[AUTHENTICATION], &["tokenreviews"]),
         rule(&["create"], &[AUTHORIZATION], &["subjectaccessreviews", "localsubjectaccessreviews"]),
+        // Its client certificate, renewed through a CertificateSigningRequest.
+        rule(&["create", "get", "list", "watch"], &[CERTIFICATES], &["certificatesigningrequests"]),
         rule(READ, &[CORE], &["services"]),
         rule(&["create", "get", "list", "watch"], &[CORE], &["nodes"]),
         rule(&["update", "patch"], &[CORE], &["nodes/status"]),
@@ -123,6 +126,36 @@ pub fn node_rules() -> Vec<PolicyRule> {
 /// `system:controller:<name>` bound to the service account `kube-system/<name>`.
 fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
     vec![
+        (
+            "certificate-controller",
+            vec![
+                rule(&["get", "list", "watch", "delete"], &[CERTIFICATES], &["certificatesigningrequests"]),
+                rule(
+                    &["update"],
+                    &[CERTIFICATES],
+                    &["certificatesigningrequests/status", "certificatesigningrequests/approval"],
+                ),
+                named(
+                    &["approve"],
+                    &[CERTIFICATES],
+                    &["signers"],
+                    &["kubernetes.io/kube-apiserver-client-kubelet", "kubernetes.io/legacy-unknown"],
+                ),
+                named(
+                    &["sign"],
+                    &[CERTIFICATES],
+                    &["signers"],
+                    &[
+                        "kubernetes.io/kube-apiserver-client",
+                        "kubernetes.io/kube-apiserver-client-kubelet",
+                        "kubernetes.io/kubelet-serving",
+                        "kubernetes.io/legacy-unknown",
+                    ],
+                ),
+                rule(&["create"], &[AUTHORIZATION], &["subjectaccessreviews"]),
+                events_rule(),
+            ],
+        ),
         (
             "clusterrole-aggregation-controller",
             vec![rule(&["escalate", "get", "list", "watch", "update", "patch"], &[GROUP], &["clusterroles"])],
@@ -560,6 +593,43 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                 rule(&["get", "create", "patch", "update", "delete"], &[DISCOVERY], &["endpointslices"]),
             ],
         ),
+        // Joining nodes (bootstrap tokens) ask for their certificates.
+        role(
+            "system:node-bootstrapper",
+            vec![rule(&["create", "get", "list", "watch"], &[CERTIFICATES], &["certificatesigningrequests"])],
+        ),
+        // Whom csrapproving approves a kubelet client certificate for: a requester allowed
+        // `create` on `nodeclient` (a new node), or on `selfnodeclient` (a node renewing its own).
+        role(
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            vec![rule(&["create"], &[CERTIFICATES], &["certificatesigningrequests/nodeclient"])],
+        ),
+        role(
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            vec![rule(&["create"], &[CERTIFICATES], &["certificatesigningrequests/selfnodeclient"])],
+        ),
+        role(
+            "system:certificates.k8s.io:kube-apiserver-client-approver",
+            vec![named(&["approve"], &[CERTIFICATES], &["signers"], &["kubernetes.io/kube-apiserver-client"])],
+        ),
+        role(
+            "system:certificates.k8s.io:kube-apiserver-client-kubelet-approver",
+            vec![named(&["approve"], &[CERTIFICATES], &["signers"], &["kubernetes.io/kube-apiserver-client-kubelet"])],
+        ),
+        role(
+            "system:certificates.k8s.io:kubelet-serving-approver",
+            vec![named(&["approve"], &[CERTIFICATES], &["signers"], &["kubernetes.io/kubelet-serving"])],
+        ),
+        // What the apiserver's kubelet client identity needs on kubelets (Kubernetes binds
+        // it to that user; ours is in system:masters as kubeadm's was).
+        role(
+            "system:kubelet-api-admin",
+            vec![
+                rule(&["get", "list", "watch"], &[CORE], &["nodes"]),
+                rule(&["proxy"], &[CORE], &["nodes"]),
+                rule(&["*"], &[CORE], &["nodes/proxy", "nodes/log", "nodes/stats", "nodes/metrics"]),
+            ],
+        ),
         role(
             "system:node-proxier",
             vec![
@@ -857,6 +927,9 @@ mod tests {
         ("persistent-volume-binder", "get", CORE, "nodes", ""),
         ("persistent-volume-binder", "create", CORE, "namespaces", ""),
         ("persistent-volume-binder", "get", CORE, "pods", ""),
+        ("certificate-controller", "create", AUTHORIZATION, "subjectaccessreviews", ""),
+        ("certificate-controller", "update", CERTIFICATES, "certificatesigningrequests", "approval"),
+        ("certificate-controller", "update", CERTIFICATES, "certificatesigningrequests", "status"),
         ("persistent-volume-binder", "create", CORE, "pods", ""),
         ("persistent-volume-binder", "delete", CORE, "pods", ""),
         ("pod-garbage-collector", "delete", CORE, "pods", ""),

@@ -237,6 +237,7 @@ pub fn resource_paths(flavor: Flavor, r: &ResourceDef, def: &str, paths: &mut BT
         let (sub_def, sub_gvk, title) = match sub {
             Sub::Status => (def.to_string(), gvk, "Status"),
             Sub::EphemeralContainers => (def.to_string(), gvk, "Ephemeralcontainers"),
+            Sub::Approval => (def.to_string(), gvk, "Approval"),
             Sub::Scale => ("io.k8s.api.autoscaling.v1.Scale".to_string(), ("autoscaling", "v1", "Scale"), "Scale"),
             _ => continue,
         };

@@ -888,6 +888,7 @@ impl Registry {
                             }
                         }
                     }
+                    strategy.prepare_status_update(&mut new, &old);
                 }
                 UpdateKind::Subresource(sub) => {
                     new = strategy.prepare_subresource_update(sub, &new, &old).ok_or_else(|| {
@@ -947,7 +948,7 @@ impl Registry {
                 UpdateKind::Main => errs.extend(strategy.validate_update(&new, &old)),
                 UpdateKind::Internal => errs.extend(strategy.validate(&new)),
                 UpdateKind::Subresource(sub) => errs.extend(strategy.validate_subresource_update(sub, &new, &old)),
-                UpdateKind::Status => {}
+                UpdateKind::Status => errs.extend(strategy.validate_status_update(&new, &old)),
             }
             if !errs.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, name, errs));

@@ -10,6 +10,7 @@ use crate::validation::NameRule;
 
 pub mod apply;
 pub mod crd;
+pub mod csr;
 pub mod generic;
 pub mod kinds;
 pub mod pod;
@@ -72,6 +73,8 @@ pub enum Sub {
     EphemeralContainers,
     /// `serviceaccounts/token`: the TokenRequest API (create only; nothing is stored).
     Token,
+    /// `certificatesigningrequests/approval`: only the Approved/Denied conditions change.
+    Approval,
     /// Listed in discovery, served by a later part of the system (log, exec, proxy …).
     NotYetServed(&'static str, &'static str),
 }
@@ -86,6 +89,7 @@ impl Sub {
             Sub::Finalize => "finalize",
             Sub::EphemeralContainers => "ephemeralcontainers",
             Sub::Token => "token",
+            Sub::Approval => "approval",
             Sub::NotYetServed(n, _) => n,
         }
     }
@@ -210,6 +214,13 @@ pub trait Strategy: Send + Sync + 'static {
     /// `ephemeralcontainers`). None: the kind has no such subresource.
     fn prepare_subresource_update(&self, _sub: Sub, _new: &Value, _old: &Value) -> Option<Value> {
         None
+    }
+    /// Called on a `status` write after the stored object took the new status (the kind
+    /// may keep parts of the stored status: CertificateSigningRequest's decisions).
+    fn prepare_status_update(&self, _new: &mut Value, _old: &Value) {}
+    /// Validation of a `status` write.
+    fn validate_status_update(&self, _new: &Value, _old: &Value) -> Vec<FieldError> {
+        vec![]
     }
     /// Validation of a subresource write prepared by `prepare_subresource_update`.
     fn validate_subresource_update(&self, _sub: Sub, _new: &Value, _old: &Value) -> Vec<FieldError> {

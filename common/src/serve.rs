@@ -10,10 +10,11 @@
 //! A connection that sends nothing at all gets the same limit for its first byte (hyper's
 //! timer only starts once it knows the connection is HTTP/1, from those bytes).
 //!
-//! [`serve_tls`] is the secure port: each connection's TLS handshake runs in its own task
-//! (bounded by the same limit), a plain-HTTP request gets Go's 400 answer
-//! ([`crate::tls::HTTP_ON_HTTPS_PORT`]), and the user of a verified client certificate goes
-//! with every request of the connection ([`crate::authn::CertificateUser`]).
+//! [`serve_tls`] is a TLS port (the apiserver's secure port, the kubelet's): each
+//! connection's TLS handshake runs in its own task (bounded by the same limit), a plain-HTTP
+//! request gets Go's 400 answer ([`crate::tls::HTTP_ON_HTTPS_PORT`]), and what the server
+//! makes of a verified client certificate (its user) goes with every request of the
+//! connection as a request extension.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,8 +35,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 use tower::ServiceExt;
 
-use crate::authn::CertificateUser;
-
 /// How long a keep-alive connection may wait for its next request (kube-apiserver: 90 s).
 /// Also bounds how long a client may take to send a request's headers.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -43,25 +42,34 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Serve `app` on `listener` until `shutdown` completes; then stop accepting, let requests
 /// in flight finish, and return once every connection has closed.
 pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Output = ()>, idle_timeout: Duration) {
-    serve_with(listener, app, None, shutdown, idle_timeout).await
+    serve_with::<NoUser>(listener, app, None, shutdown, idle_timeout).await
 }
 
-/// [`serve`] over TLS with `config`.
-pub async fn serve_tls(
+/// What a server makes of a verified client certificate (DER): the request extension every
+/// request of the connection carries, or `None` for none.
+pub type PeerUser<U> = fn(&[u8]) -> Option<U>;
+
+/// No extension from client certificates (plain HTTP, or a server that ignores them).
+pub type NoUser = ();
+
+/// [`serve`] over TLS with `config`; `user_of` turns a verified client certificate into the
+/// extension its connection's requests carry.
+pub async fn serve_tls<U: Clone + Send + Sync + 'static>(
     listener: TcpListener,
     app: Router,
     config: Arc<rustls::ServerConfig>,
+    user_of: PeerUser<U>,
     shutdown: impl Future<Output = ()>,
     idle_timeout: Duration,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    serve_with(listener, app, Some(acceptor), shutdown, idle_timeout).await
+    serve_with(listener, app, Some((acceptor, user_of)), shutdown, idle_timeout).await
 }
 
-async fn serve_with(
+async fn serve_with<U: Clone + Send + Sync + 'static>(
     listener: TcpListener,
     app: Router,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<(tokio_rustls::TlsAcceptor, PeerUser<U>)>,
     shutdown: impl Future<Output = ()>,
     idle_timeout: Duration,
 ) {
@@ -86,17 +94,20 @@ async fn serve_with(
         let (app, builder, watcher) = (app.clone(), builder.clone(), graceful.watcher());
         match &tls {
             None => {
-                let conn = serve_connection(&builder, FirstByteTimeout::new(stream, idle_timeout), app, None);
+                let conn =
+                    serve_connection::<_, NoUser>(&builder, FirstByteTimeout::new(stream, idle_timeout), app, None);
                 tokio::spawn(async move {
                     if let Err(e) = watcher.watch(conn).await {
                         tracing::debug!(error = %e, "connection ended with an error");
                     }
                 });
             }
-            Some(acceptor) => {
-                let acceptor = acceptor.clone();
+            Some((acceptor, user_of)) => {
+                let (acceptor, user_of) = (acceptor.clone(), *user_of);
                 tokio::spawn(async move {
-                    let Some((stream, user)) = handshake(acceptor, stream, idle_timeout).await else { return };
+                    let Some((stream, user)) = handshake(acceptor, stream, user_of, idle_timeout).await else {
+                        return;
+                    };
                     let conn = serve_connection(&builder, FirstByteTimeout::new(stream, idle_timeout), app, user);
                     if let Err(e) = watcher.watch(conn).await {
                         tracing::debug!(error = %e, "connection ended with an error");
@@ -110,11 +121,11 @@ async fn serve_with(
 }
 
 /// One connection's HTTP, each request carrying the connection's certificate user.
-fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static, U: Clone + Send + Sync + 'static>(
     builder: &auto::Builder<TokioExecutor>,
     stream: S,
     app: Router,
-    user: Option<CertificateUser>,
+    user: Option<U>,
 ) -> impl hyper_util::server::graceful::GracefulConnection<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>
 {
     let service = TowerToHyperService::new(app.map_request(move |req: Request<Incoming>| {
@@ -130,11 +141,12 @@ fn serve_connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 /// The TLS handshake of a new connection, within `limit`: the stream and the user of a
 /// verified client certificate. `None` when the connection is not TLS or the handshake
 /// fails (answered as Go answers plain HTTP, else closed).
-async fn handshake(
+async fn handshake<U>(
     acceptor: tokio_rustls::TlsAcceptor,
     stream: TcpStream,
+    user_of: PeerUser<U>,
     limit: Duration,
-) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, Option<CertificateUser>)> {
+) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, Option<U>)> {
     let mut first = [0u8; 1];
     let peeked = tokio::time::timeout(limit, stream.peek(&mut first)).await;
     if !matches!(peeked, Ok(Ok(1))) {
@@ -154,13 +166,7 @@ async fn handshake(
         }
         Err(_) => return None,
     };
-    let user = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|chain| chain.first())
-        .and_then(|leaf| crate::authn::user_of_certificate(leaf))
-        .map(CertificateUser);
+    let user = tls.get_ref().1.peer_certificates().and_then(|chain| chain.first()).and_then(|leaf| user_of(leaf));
     Some((tls, user))
 }
 

@@ -1,9 +1,10 @@
-//! The secure port's TLS: kube-apiserver's `--tls-cert-file`, `--tls-private-key-file` and
-//! `--client-ca-file` as a rustls server configuration (ring; TLS 1.2 and 1.3; HTTP/1.1 by
-//! ALPN). With a client CA, client certificates are requested but optional: one that is
-//! presented must chain to that CA and be valid for client authentication, or the
-//! handshake fails (a bad certificate is never treated as anonymous); a verified one
-//! authenticates its connection through [`crate::authn::user_of_certificate`].
+//! TLS for the project's HTTPS ports: `--tls-cert-file`, `--tls-private-key-file` and
+//! `--client-ca-file` (the same flags on kube-apiserver and the kubelet) as a rustls server
+//! configuration (ring; TLS 1.2 and 1.3; HTTP/1.1 by ALPN). With a client CA, client
+//! certificates are requested but optional: one that is presented must chain to that CA and
+//! be valid for client authentication, or the handshake fails (a bad certificate is never
+//! treated as anonymous); a verified one authenticates its connection (the server decides
+//! how: [`crate::serve::serve_tls`]'s `user_of`).
 //!
 //! A plain-HTTP request on the TLS port is answered as Go's server answers it:
 //! `HTTP/1.0 400 Bad Request` with "Client sent an HTTP request to an HTTPS server."
@@ -104,6 +105,100 @@ pub fn build(
     Ok(Arc::new(config))
 }
 
+/// A client configuration (ring; TLS 1.2 and 1.3; HTTP/1.1): server certificates are
+/// verified against `server_roots`, or — with `None` — accepted whatever they are (what
+/// kube-apiserver does towards kubelets without `--kubelet-certificate-authority`, and what
+/// the kubelet's prober does); `identity` is the client certificate chain and key to present.
+pub fn client_config(
+    server_roots: Option<RootCertStore>,
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    let builder = match server_roots {
+        Some(roots) => builder.with_root_certificates(roots),
+        None => builder.dangerous().with_custom_certificate_verifier(Arc::new(SkipVerify(provider))),
+    };
+    let mut config = match identity {
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key)?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The certificates of a PEM file (`flag` names it in errors); at least one.
+pub fn read_certificates(flag: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(flag, path)?;
+    let invalid = |reason: String| TlsError::Invalid { flag, path: path.display().to_string(), reason };
+    let certs: Vec<_> =
+        CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|e| invalid(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(invalid("no certificate found".into()));
+    }
+    Ok(certs)
+}
+
+/// The private key of a PEM file (`flag` names it in errors).
+pub fn read_private_key(flag: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = read(flag, path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| TlsError::Invalid {
+        flag,
+        path: path.display().to_string(),
+        reason: format!("no private key: {e}"),
+    })
+}
+
+/// A root store of the certificates of a PEM file (`flag` names it in errors).
+pub fn read_roots(flag: &'static str, path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for c in read_certificates(flag, path)? {
+        roots.add(c).map_err(|e| TlsError::Invalid {
+            flag,
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    }
+    Ok(roots)
+}
+
+/// Accepts any server certificate (but still checks the handshake's signatures).
+#[derive(Debug)]
+struct SkipVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for SkipVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// Whether the first bytes of a connection are a plain-HTTP request rather than a TLS
 /// record (a TLS handshake record starts with 0x16; a request line with a method name).
 pub fn looks_like_http(first: &[u8]) -> bool {
@@ -128,15 +223,15 @@ mod tests {
     #[test]
     fn bad_files_are_errors_that_name_the_flag() {
         let tmp = tempfile::tempdir().unwrap();
-        let files = common::pki::plan(
+        let files = crate::pki::plan(
             &Default::default(),
-            &common::pki::Spec {
+            &crate::pki::Spec {
                 nodes: vec![],
                 sans: vec![],
                 service_cluster_ip_range: "10.96.0.0/12".into(),
                 server: "https://127.0.0.1:6443".into(),
             },
-            common::pki::Mode::Init,
+            crate::pki::Mode::Init,
             time_now(),
         )
         .unwrap();

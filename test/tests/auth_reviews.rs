@@ -1,5 +1,7 @@
 //! The review APIs (`kubectl auth can-i`, `kubectl auth whoami`, TokenReview) against the
-//! real apiserver: with the official kubectl, and with the kube crate over a token file.
+//! real apiserver: with the official kubectl, and with the kube crate over a token file;
+//! and CertificateSigningRequests as the official kubectl handles them (`get csr`,
+//! `certificate approve`, `describe csr`).
 
 use anyhow::{ensure, Result};
 use e2e::{kubectl_bin, raw, ApiServer};
@@ -104,4 +106,53 @@ async fn kube_client_self_subject_review_and_token_review_with_a_token_file() ->
 async fn reviews_without_token(server: &ApiServer) -> kube::Result<SelfSubjectReview> {
     let reviews: Api<SelfSubjectReview> = Api::all(server.client().map_err(|e| kube::Error::Service(e.into()))?);
     reviews.create(&PostParams::default(), &SelfSubjectReview::default()).await
+}
+
+#[test]
+fn official_kubectl_certificate_signing_requests() -> Result<()> {
+    if !kubectl_available() {
+        eprintln!("skipping: no kubectl");
+        return Ok(());
+    }
+    use base64::Engine;
+    let server = ApiServer::start()?;
+    let (request, _key) = common::pki::new_csr("jane", &["devs"])?;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(request);
+    let manifest = |name: &str, request: &str, usages: &str| {
+        format!(
+            "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {name}\nspec:\n  \
+             request: {request}\n  signerName: kubernetes.io/kube-apiserver-client\n  expirationSeconds: 86400\n  usages: {usages}\n"
+        )
+    };
+    let file = server.data_dir.join("csr.yaml");
+    std::fs::write(&file, manifest("jane", &b64, "[client auth]"))?;
+    let out = server.kubectl(&["create", "-f", &file.display().to_string()])?;
+    ensure!(out.ok, "{out:?}");
+    let out = server.kubectl(&["get", "csr"])?;
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    ensure!(
+        lines.first().is_some_and(|h| h.split_whitespace().collect::<Vec<_>>()
+            == ["NAME", "AGE", "SIGNERNAME", "REQUESTOR", "REQUESTEDDURATION", "CONDITION"]),
+        "{out:?}"
+    );
+    // The requester is who sent it (the plain-HTTP port's requests are anonymous).
+    ensure!(
+        lines.get(1).is_some_and(|r| r.contains("system:anonymous") && r.contains("24h") && r.ends_with("Pending")),
+        "{out:?}"
+    );
+    let out = server.kubectl(&["certificate", "approve", "jane"])?;
+    ensure!(out.ok && out.stdout.contains("approved"), "{out:?}");
+    let out = server.kubectl(&["get", "csr", "jane", "-o", "jsonpath={.status.conditions[0].type}"])?;
+    ensure!(out.stdout == "Approved", "{out:?}");
+    let out = server.kubectl(&["describe", "csr", "jane"])?;
+    ensure!(
+        out.ok && out.stdout.contains("Common Name:    jane") && out.stdout.contains("Organization:   devs"),
+        "{out:?}"
+    );
+    // A request that is not one, and an unknown usage: Kubernetes' 422 causes.
+    std::fs::write(&file, manifest("bad", &base64::engine::general_purpose::STANDARD.encode("junk"), "[flying]"))?;
+    let out = server.kubectl(&["create", "-f", &file.display().to_string()])?;
+    ensure!(!out.ok && out.stderr.contains("PEM block type must be CERTIFICATE REQUEST"), "{out:?}");
+    ensure!(out.stderr.contains("spec.usages[0]: Unsupported value: \"flying\""), "{out:?}");
+    Ok(())
 }

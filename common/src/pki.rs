@@ -367,6 +367,11 @@ pub struct CsrInfo {
     pub uris: Vec<String>,
 }
 
+/// The text values of a subject's attributes (CN, O …).
+fn texts<'a>(attributes: impl Iterator<Item = &'a x509_parser::x509::AttributeTypeAndValue<'a>>) -> Vec<String> {
+    attributes.filter_map(|a| a.as_str().ok().map(str::to_string)).collect()
+}
+
 /// Read a `CERTIFICATE REQUEST` PEM block and check its signature (the requester holds the
 /// key). The error says what is wrong in words Kubernetes uses.
 pub fn parse_csr(pem: &[u8]) -> Result<CsrInfo, String> {
@@ -379,12 +384,9 @@ pub fn parse_csr(pem: &[u8]) -> Result<CsrInfo, String> {
         .map_err(|e| format!("x509: malformed certificate request: {e}"))?;
     csr.verify_signature().map_err(|e| format!("x509: the request's signature is invalid: {e}"))?;
     let subject = &csr.certification_request_info.subject;
-    let text = |it: &mut dyn Iterator<Item = &AttributeTypeAndValue>| -> Vec<String> {
-        it.filter_map(|a| a.as_str().ok().map(str::to_string)).collect()
-    };
     let mut info = CsrInfo {
-        common_name: text(&mut subject.iter_common_name()).into_iter().next().unwrap_or_default(),
-        organizations: text(&mut subject.iter_organization()),
+        common_name: texts(subject.iter_common_name()).into_iter().next().unwrap_or_default(),
+        organizations: texts(subject.iter_organization()),
         dns_names: vec![],
         ip_addresses: vec![],
         emails: vec![],
@@ -434,9 +436,6 @@ pub fn pem_to_der(pem: &str) -> Option<Vec<u8>> {
 pub fn inspect(der: &[u8]) -> Result<CertInfo, String> {
     use x509_parser::prelude::*;
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| format!("not an X.509 certificate: {e}"))?;
-    let text = |it: &mut dyn Iterator<Item = &AttributeTypeAndValue>| -> Vec<String> {
-        it.filter_map(|a| a.as_str().ok().map(str::to_string)).collect()
-    };
     let subject = cert.subject();
     let sans = match cert.subject_alternative_name() {
         Ok(Some(ext)) => ext
@@ -455,8 +454,8 @@ pub fn inspect(der: &[u8]) -> Result<CertInfo, String> {
             .collect(),
         _ => vec![],
     };
-    let common_name = text(&mut subject.iter_common_name()).into_iter().next().unwrap_or_default();
-    let organizations = text(&mut subject.iter_organization());
+    let common_name = texts(subject.iter_common_name()).into_iter().next().unwrap_or_default();
+    let organizations = texts(subject.iter_organization());
     Ok(CertInfo {
         common_name,
         organizations,

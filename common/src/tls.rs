@@ -44,39 +44,11 @@ fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read { flag, path: path.display().to_string(), source })
 }
 
-/// The server configuration from the files' contents (PEM). `names` are the flags and
-/// paths, for errors.
+/// The server configuration of these files (PEM); errors name the flag and the path.
 pub fn server_config(files: &TlsFiles<'_>) -> Result<Arc<ServerConfig>, TlsError> {
-    let cert = read("--tls-cert-file", files.cert)?;
-    let key = read("--tls-private-key-file", files.key)?;
-    let ca = files.client_ca.map(|p| read("--client-ca-file", p)).transpose()?;
-    let invalid = |flag: &'static str, path: &Path, reason: String| TlsError::Invalid {
-        flag,
-        path: path.display().to_string(),
-        reason,
-    };
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert)
-        .collect::<Result<_, _>>()
-        .map_err(|e| invalid("--tls-cert-file", files.cert, e.to_string()))?;
-    if chain.is_empty() {
-        return Err(invalid("--tls-cert-file", files.cert, "no certificate found".into()));
-    }
-    let key = PrivateKeyDer::from_pem_slice(&key)
-        .map_err(|e| invalid("--tls-private-key-file", files.key, format!("no private key: {e}")))?;
-    let roots = match (&ca, files.client_ca) {
-        (Some(pem), Some(path)) => {
-            let mut roots = RootCertStore::empty();
-            for c in CertificateDer::pem_slice_iter(pem) {
-                let c = c.map_err(|e| invalid("--client-ca-file", path, e.to_string()))?;
-                roots.add(c).map_err(|e| invalid("--client-ca-file", path, e.to_string()))?;
-            }
-            if roots.is_empty() {
-                return Err(invalid("--client-ca-file", path, "no certificate found".into()));
-            }
-            Some(roots)
-        }
-        _ => None,
-    };
+    let chain = read_certificates("--tls-cert-file", files.cert)?;
+    let key = read_private_key("--tls-private-key-file", files.key)?;
+    let roots = files.client_ca.map(|p| read_roots("--client-ca-file", p)).transpose()?;
     build(chain, key, roots)
 }
 

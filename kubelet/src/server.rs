@@ -100,7 +100,7 @@ pub fn serving_certificate(
             let (cert, key) = (cert_dir.join("kubelet.crt"), cert_dir.join("kubelet.key"));
             if !cert.exists() || !key.exists() {
                 let host = names.first().map(String::as_str).unwrap_or("localhost");
-                let (chain, private) = common::pki::self_signed_serving(host, names, time::OffsetDateTime::now_utc())?;
+                let (chain, private) = common::pki::self_signed_serving(host, names, common::pki::now())?;
                 std::fs::create_dir_all(cert_dir).with_context(|| format!("creating {}", cert_dir.display()))?;
                 common::write_private(&key, private.as_bytes())?;
                 std::fs::write(&cert, chain).with_context(|| format!("writing {}", cert.display()))?;

@@ -45,12 +45,21 @@ fn usage_problems(got: &[&str], required: &[&str], allowed: &[&str]) -> Option<S
     got.iter().find(|u| !allowed.contains(u)).map(|extra| format!("usage not allowed: {extra}"))
 }
 
+/// Why a request's subject is not a node's: `system:node:<name>` in exactly `system:nodes`.
+fn node_subject_problems(req: &common::pki::CsrInfo) -> Option<String> {
+    if req.organizations != ["system:nodes"] {
+        return Some("subject organization is not system:nodes".into());
+    }
+    (!req.common_name.starts_with("system:node:"))
+        .then(|| "subject common name does not begin with system:node:".into())
+}
+
 /// Why a request is not a kubelet's client certificate request (Kubernetes'
 /// `ValidateKubeletClientCSR`): subject `system:node:<name>` in exactly `system:nodes`, no
 /// alternative names, usages `digital signature` and `client auth` (and `key encipherment`).
 pub fn kubelet_client_problems(csr: &CertificateSigningRequest, req: &common::pki::CsrInfo) -> Option<String> {
-    if req.organizations != ["system:nodes"] {
-        return Some("subject organization is not system:nodes".into());
+    if let Some(p) = node_subject_problems(req) {
+        return Some(p);
     }
     if !req.dns_names.is_empty() {
         return Some("DNS subjectAltNames are not allowed".into());
@@ -64,9 +73,6 @@ pub fn kubelet_client_problems(csr: &CertificateSigningRequest, req: &common::pk
     if !req.uris.is_empty() {
         return Some("URI subjectAltNames are not allowed".into());
     }
-    if !req.common_name.starts_with("system:node:") {
-        return Some("subject common name does not begin with system:node:".into());
-    }
     usage_problems(
         &usages(csr),
         &["digital signature", "client auth"],
@@ -78,17 +84,14 @@ pub fn kubelet_client_problems(csr: &CertificateSigningRequest, req: &common::pk
 /// subject `system:node:<name>` in `system:nodes`, at least one DNS name or IP, no e-mail or
 /// URI names, usages `digital signature` and `server auth` (and `key encipherment`).
 pub fn kubelet_serving_problems(csr: &CertificateSigningRequest, req: &common::pki::CsrInfo) -> Option<String> {
-    if req.organizations != ["system:nodes"] {
-        return Some("subject organization is not system:nodes".into());
+    if let Some(p) = node_subject_problems(req) {
+        return Some(p);
     }
     if req.dns_names.is_empty() && req.ip_addresses.is_empty() {
         return Some("DNS or IP subjectAltName is required".into());
     }
     if !req.emails.is_empty() || !req.uris.is_empty() {
         return Some("Email and URI subjectAltNames are not allowed".into());
-    }
-    if !req.common_name.starts_with("system:node:") {
-        return Some("subject common name does not begin with system:node:".into());
     }
     usage_problems(
         &usages(csr),

@@ -262,6 +262,51 @@ impl LeaderElector {
     }
 }
 
+/// Run the election `args` ask for as `<hostname>_<random>` (Kubernetes' candidates add a
+/// UUID): wait until this process leads and return the receiver that turns false when it
+/// stops leading; None when `--leader-elect=false`.
+pub async fn elect(client: &kube::Client, args: &Args) -> anyhow::Result<Option<tokio::sync::watch::Receiver<bool>>> {
+    if !args.leader_elect {
+        return Ok(None);
+    }
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+    let identity = format!("{host}_{:016x}", rand::random::<u64>());
+    let cfg = args.config(&identity);
+    tracing::info!(%identity, "attempting to acquire leader lease {}/{}", cfg.namespace, cfg.name);
+    Ok(Some(LeaderElector::new(client.clone(), cfg).run().await?))
+}
+
+/// Resolves when leadership is lost (never without an election).
+pub async fn lost(leading: Option<&mut tokio::sync::watch::Receiver<bool>>) {
+    match leading {
+        Some(rx) => {
+            let _ = rx.wait_for(|l| !*l).await;
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// Wait on a controller manager's controllers: return when one stops (its panic as the
+/// error) or on Ctrl-C; exit the process when leadership is lost, as Kubernetes' managers do.
+pub async fn run_controllers(
+    mut leading: Option<tokio::sync::watch::Receiver<bool>>,
+    mut tasks: tokio::task::JoinSet<()>,
+) -> anyhow::Result<()> {
+    tokio::select! {
+        _ = lost(leading.as_mut()) => {
+            tracing::error!("leaderelection lost");
+            std::process::exit(1);
+        }
+        _ = tokio::signal::ctrl_c() => {}
+        Some(r) = tasks.join_next() => {
+            if let Err(e) = r {
+                anyhow::bail!("a controller stopped: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

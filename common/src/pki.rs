@@ -187,6 +187,7 @@ pub fn leaves(spec: &Spec) -> Result<Vec<Leaf>, PkiError> {
         Leaf::client("admin.conf", ADMIN_USER, &[MASTERS_GROUP]),
         Leaf::client("scheduler.conf", "system:kube-scheduler", &[]),
         Leaf::client("controller-manager.conf", "system:kube-controller-manager", &[]),
+        Leaf::client("cloud-controller-manager.conf", "system:cloud-controller-manager", &[]),
         Leaf::client("kube-proxy.conf", "system:kube-proxy", &[]),
     ];
     for n in &spec.nodes {
@@ -760,6 +761,7 @@ mod tests {
             ("admin.conf", "kubernetes-admin", vec!["system:masters"]),
             ("scheduler.conf", "system:kube-scheduler", vec![]),
             ("controller-manager.conf", "system:kube-controller-manager", vec![]),
+            ("cloud-controller-manager.conf", "system:cloud-controller-manager", vec![]),
             ("kube-proxy.conf", "system:kube-proxy", vec![]),
             ("kubelet-node-1.conf", "system:node:node-1", vec!["system:nodes"]),
             ("kubelet-node-2.conf", "system:node:node-2", vec!["system:nodes"]),

@@ -241,14 +241,7 @@ async fn main() -> anyhow::Result<()> {
     let bound = common::serve_health(addr, prometheus::Registry::new(), ready.clone()).await?;
     tracing::info!(%bound, "serving /healthz and /metrics");
 
-    let mut leading = None;
-    if args.leader.leader_elect {
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
-        let identity = format!("{host}_{}", apimachinery::names::random_suffix());
-        let cfg = args.leader.config(&identity);
-        tracing::info!(%identity, "attempting to acquire leader lease {}/{}", cfg.namespace, cfg.name);
-        leading = Some(common::leader::LeaderElector::new(client.clone(), cfg).run().await?);
-    }
+    let leading = common::leader::elect(&client, &args.leader).await?;
     ready.set(true);
     tracing::info!(controllers = ?enabled, "starting controllers");
 
@@ -400,31 +393,7 @@ async fn main() -> anyhow::Result<()> {
             _ => {}
         }
     }
-    let lost = async {
-        match leading.as_mut() {
-            Some(rx) => {
-                while *rx.borrow() {
-                    if rx.changed().await.is_err() {
-                        break;
-                    }
-                }
-            }
-            None => futures::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = lost => {
-            tracing::error!("leaderelection lost");
-            std::process::exit(1);
-        }
-        _ = tokio::signal::ctrl_c() => {}
-        Some(r) = tasks.join_next() => {
-            if let Err(e) = r {
-                anyhow::bail!("a controller stopped: {e}");
-            }
-        }
-    }
-    Ok(())
+    common::leader::run_controllers(leading, tasks).await
 }
 
 #[cfg(test)]

@@ -64,6 +64,10 @@ struct Flags {
     /// Taints to register the node with, `key=value:Effect,…`.
     #[arg(long = "register-with-taints", default_value = "")]
     register_with_taints: String,
+    /// `external`: a cloud controller manager initializes this node (it registers tainted
+    /// `node.cloudprovider.kubernetes.io/uninitialized` until then); empty: no cloud provider.
+    #[arg(long = "cloud-provider", default_value = "")]
+    cloud_provider: String,
     /// Directory for the kubelet's files (pod volumes).
     #[arg(long = "root-dir", default_value = "/var/lib/minik8s/kubelet")]
     root_dir: PathBuf,
@@ -168,7 +172,7 @@ async fn main() -> Result<()> {
     let node_ip = flags.node_ip.clone().unwrap_or_else(default_node_ip);
     let pod_cidr: Option<cidr::Cidr> = flags.pod_cidr.as_deref().map(str::parse).transpose()?;
     let labels = node::parse_labels(&flags.node_labels)?;
-    let taints = node::parse_taints(&flags.register_with_taints)?;
+    let taints = node::registration_taints(&flags.register_with_taints, &flags.cloud_provider)?;
     std::fs::create_dir_all(&flags.root_dir)
         .with_context(|| format!("creating --root-dir {}", flags.root_dir.display()))?;
 

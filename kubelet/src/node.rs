@@ -104,6 +104,31 @@ pub fn parse_taints(s: &str) -> Result<Vec<Taint>> {
     Ok(out)
 }
 
+/// Kubernetes' taint of a node a cloud controller manager has not initialized yet.
+pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+
+/// The taints a node registers with: `--register-with-taints`, and with
+/// `--cloud-provider=external` the uninitialized taint the cloud controller manager removes
+/// (Kubernetes' kubelet accepts only `external` or nothing since in-tree providers went).
+pub fn registration_taints(flag: &str, cloud_provider: &str) -> Result<Vec<Taint>> {
+    let mut taints = parse_taints(flag)?;
+    match cloud_provider {
+        "" => {}
+        "external" => {
+            if !taints.iter().any(|t| t.key == UNINITIALIZED_TAINT) {
+                taints.push(Taint {
+                    key: UNINITIALIZED_TAINT.into(),
+                    value: Some("true".into()),
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                });
+            }
+        }
+        other => anyhow::bail!("--cloud-provider {other:?}: only \"external\" (or nothing) is supported"),
+    }
+    Ok(taints)
+}
+
 fn condition(
     type_: &str,
     status: &str,
@@ -374,6 +399,19 @@ mod tests {
         assert_eq!(t[0].value.as_deref(), Some("gpu"));
         assert_eq!(t[1].effect, "PreferNoSchedule");
         assert!(parse_taints("x:Bogus").is_err());
+    }
+
+    #[test]
+    fn an_external_cloud_provider_registers_the_node_uninitialized() {
+        assert!(registration_taints("", "").unwrap().is_empty());
+        let t = registration_taints("dedicated=gpu:NoSchedule", "external").unwrap();
+        let keys: Vec<(&str, &str)> = t.iter().map(|t| (t.key.as_str(), t.effect.as_str())).collect();
+        assert_eq!(keys, [("dedicated", "NoSchedule"), (UNINITIALIZED_TAINT, "NoSchedule")]);
+        assert_eq!(
+            registration_taints(&format!("{UNINITIALIZED_TAINT}=true:NoSchedule"), "external").unwrap().len(),
+            1
+        );
+        assert!(registration_taints("", "aws").unwrap_err().to_string().contains("only \"external\""));
     }
 
     #[test]

@@ -17,7 +17,7 @@ const SPEC_FILE: &str = "pki.json";
 #[derive(clap::Subcommand, Debug)]
 pub enum Certs {
     /// Create the cluster CA, the apiserver's serving and kubelet-client certificates, and a
-    /// kubeconfig per identity (admin.conf, scheduler.conf, controller-manager.conf,
+    /// kubeconfig per identity (admin.conf, scheduler.conf, controller-manager.conf, cloud-controller-manager.conf,
     /// kube-proxy.conf, kubelet-<node>.conf). Idempotent: a valid CA and every certificate
     /// that still matches are kept.
     Init(InitArgs),
@@ -204,6 +204,7 @@ mod tests {
                 "apiserver.key",
                 "ca.crt",
                 "ca.key",
+                "cloud-controller-manager.conf",
                 "controller-manager.conf",
                 "kube-proxy.conf",
                 "kubelet-n1.conf",

@@ -2,6 +2,8 @@
 //! free port with a temporary data dir, talk to it with the `kube` crate, with raw HTTP, and
 //! with the official kubectl.
 
+pub mod bench;
+pub mod cloud_controller_manager;
 pub mod cluster;
 pub mod kubectl;
 pub mod scheduler;

@@ -16,7 +16,8 @@ use e2e::cluster::{component_pid, component_pids, script as cluster, sh_stdout a
 use e2e::kubelet::{bridge_name, masq_chain};
 use e2e::{free_port, host_cluster_lock, kubectl_bin};
 
-const COMPONENTS: [&str; 5] = ["apiserver", "scheduler", "controller-manager", "kubelet-node-1", "kubeproxy"];
+const COMPONENTS: [&str; 6] =
+    ["apiserver", "scheduler", "controller-manager", "cloud-controller-manager", "kubelet-node-1", "kubeproxy"];
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(kubectl_bin())
@@ -52,8 +53,16 @@ fn processes_of(home: &Path) -> BTreeMap<String, Vec<u32>> {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string();
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let zombie = stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z'));
-        let ours = ["apiserver", "scheduler", "controller-manager", "controller-mana", "kubelet", "kubeproxy"]
-            .contains(&comm.as_str())
+        let ours = [
+            "apiserver",
+            "scheduler",
+            "controller-manager",
+            "controller-mana",
+            "cloud-controlle",
+            "kubelet",
+            "kubeproxy",
+        ]
+        .contains(&comm.as_str())
             || comm.starts_with("minik8s-supervi")
             || comm == "nginx";
         if ours && !zombie && cmd.contains(&needle) {
@@ -66,7 +75,14 @@ fn processes_of(home: &Path) -> BTreeMap<String, Vec<u32>> {
 /// Exactly one process of each component, and it is the one the supervisor reports.
 fn exactly_one_each(home: &Path) -> Result<(), String> {
     let procs = processes_of(home);
-    for (comm, n) in [("apiserver", 1), ("scheduler", 1), ("controller-mana", 1), ("kubelet", 1), ("kubeproxy", 1)] {
+    for (comm, n) in [
+        ("apiserver", 1),
+        ("scheduler", 1),
+        ("controller-mana", 1),
+        ("cloud-controlle", 1),
+        ("kubelet", 1),
+        ("kubeproxy", 1),
+    ] {
         let got = procs.get(comm).map(Vec::len).unwrap_or(0);
         if got != n {
             return Err(format!("{got} {comm} processes: {procs:?}"));

@@ -134,6 +134,39 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
     let body = sh("curl -s -m 2 http://127.0.0.1:30080/");
     assert!(body.starts_with("v1 web-"), "node port answers: {body:?}");
 
+    // The README's LoadBalancer: the cloud-controller-manager gives it the default pool's
+    // first address, held on the host's lo, and kubeproxy takes its traffic to the pods.
+    let (ok, out) = kubectl(
+        &kc,
+        &["expose", "deployment", "web", "--name", "web-lb", "--type=LoadBalancer", "--port=80", "--target-port=8080"],
+    );
+    assert!(ok, "expose --type=LoadBalancer:\n{out}");
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(60);
+    loop {
+        let (_, ip) = kubectl(&kc, &["get", "svc", "web-lb", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+        if ip.trim() == "10.254.254.1" {
+            eprintln!("web-lb got EXTERNAL-IP {} {:?} after kubectl expose", ip.trim(), t0.elapsed());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "web-lb has no EXTERNAL-IP ({ip:?}):\n{}",
+            cluster(&home, port, &["logs", "cloud-controller-manager"]).1
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(sh("ip -4 -o addr show dev lo").contains("10.254.254.1/32"), "held on lo");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let body = sh("curl -s -m 2 http://10.254.254.1/");
+        if body.starts_with("v1 web-") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the EXTERNAL-IP does not reach the pods: {body:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     // A pod's identity: its ServiceAccount, bound to a Role that reads pods in its namespace,
     // lists them from inside with the mounted token and CA (curl through the kubernetes
     // Service) and is refused in another namespace (RBAC is on).
@@ -196,6 +229,7 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
         assert!(left.trim().is_empty(), "containers of {node} left behind: {left}");
     }
     assert!(!sh("iptables-save").contains("KUBE-SVC-"), "Service rules left behind");
+    assert!(!sh("ip -4 -o addr show dev lo").contains("10.254.254."), "LoadBalancer addresses left on lo");
     let gone = Command::new(kubectl_bin())
         .args(["--server", &format!("http://127.0.0.1:{port}"), "get", "nodes", "--request-timeout=2s"])
         .output()

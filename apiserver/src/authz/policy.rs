@@ -655,6 +655,20 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                 rule(&["create"], &[CORE], &["serviceaccounts/token"]),
             ],
         ),
+        // The cloud-controller-manager's identity (the role cloud providers ship beside
+        // their controller; ours ships with the cluster): Services and their status for
+        // load balancers, Nodes for initialization and routes, its Lease, events.
+        role(
+            "system:cloud-controller-manager",
+            vec![
+                events_rule(),
+                rule(&["create"], &[COORDINATION], &["leases"]),
+                named(&["get", "update"], &[COORDINATION], &["leases"], &["cloud-controller-manager"]),
+                rule(&["get", "list", "watch", "patch", "update"], &[CORE], &["services", "nodes"]),
+                rule(&["patch", "update"], &[CORE], &["services/status", "nodes/status"]),
+                rule(&["list", "watch"], &[DISCOVERY], &["endpointslices"]),
+            ],
+        ),
         role("system:kube-dns", vec![rule(&["list", "watch"], &[CORE], &["endpoints", "services"])]),
         role(
             "system:kube-scheduler",
@@ -738,6 +752,7 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
         binding("system:node-proxier", vec![subject("User", "system:kube-proxy", None)]),
         binding("system:minik8s:kubeproxy", vec![subject("User", "system:kube-proxy", None)]),
         binding("system:kube-controller-manager", vec![subject("User", "system:kube-controller-manager", None)]),
+        binding("system:cloud-controller-manager", vec![subject("User", "system:cloud-controller-manager", None)]),
         binding("system:kube-dns", vec![subject("ServiceAccount", "kube-dns", Some("kube-system"))]),
         binding("system:kube-scheduler", vec![subject("User", "system:kube-scheduler", None)]),
         binding("system:volume-scheduler", vec![subject("User", "system:kube-scheduler", None)]),

@@ -83,7 +83,9 @@ struct Args {
     /// The port nginx listens on.
     #[arg(long, default_value_t = 80)]
     ingress_http_port: u16,
-    /// This node's address: Ingress hosts resolve to it, and it is written to Ingress status.
+    /// This node's address: Ingress hosts resolve to it, it is written to Ingress status, and
+    /// loadBalancerSourceRanges that hold it let the node reach the load balancer IPs
+    /// (default for the last: the Node's InternalIP).
     #[arg(long)]
     node_ip: Option<Ipv4Addr>,
     /// Log level filter (RUST_LOG overrides).
@@ -179,7 +181,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let node_name = args.hostname_override.clone().unwrap_or_else(hostname);
-    let node = model::NodeInfo { name: node_name.clone() };
 
     // Node-port addresses: local addresses inside the given CIDRs; none given = all.
     let locals = backend::local_addresses().unwrap_or_default();
@@ -230,6 +231,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let client = common::client(args.kubeconfig.as_deref(), args.master.as_deref()).await?;
+    let node = model::NodeInfo { name: node_name.clone(), ip: node_ip(&client, &node_name, args.node_ip).await };
     let registry = prometheus::Registry::new();
     let metrics = proxier::Metrics::new(&registry)?;
     let ready = common::Ready::default();
@@ -300,6 +302,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ready,
     )
     .await
+}
+
+/// This node's IP for the proxy rules: `--node-ip`, else its Node's primary address.
+async fn node_ip(client: &kube::Client, node: &str, flag: Option<Ipv4Addr>) -> Option<Ipv4Addr> {
+    if flag.is_some() {
+        return flag;
+    }
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    match api.get_opt(node).await {
+        Ok(found) => {
+            let ip = found.as_ref().and_then(model::node_primary_ip);
+            if ip.is_none() {
+                tracing::info!(node, "no IPv4 address known for this node (no --node-ip, none on its Node)");
+            }
+            ip
+        }
+        Err(e) => {
+            tracing::warn!(node, error = %e, "cannot read this node's address");
+            None
+        }
+    }
 }
 
 /// SIGTERM or SIGINT.

@@ -2,7 +2,7 @@
 //! (iptables, nftables or IPVS mode) from Services and EndpointSlices, and optionally
 //! serves cluster DNS and runs an nginx Ingress controller.
 
-use kubeproxy::{backend, dns, dnsservice, ingress, iptables, model, proxier, sysctl};
+use kubeproxy::{backend, dns, dnsservice, healthcheck, ingress, iptables, model, proxier, sysctl};
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -48,10 +48,11 @@ struct Args {
     /// The IPVS scheduler.
     #[arg(long, default_value = "rr")]
     ipvs_scheduler: String,
-    /// Where /metrics (and /healthz) are served.
+    /// Where /metrics (and a plain /healthz) are served.
     #[arg(long, default_value = "127.0.0.1:10249")]
     metrics_bind_address: SocketAddr,
-    /// Where /healthz (and /metrics) are served.
+    /// Where the proxy's health is served: /healthz (with the node's eligibility for load
+    /// balancer traffic) and /livez, as kube-proxy's JSON; also /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:10256")]
     healthz_bind_address: SocketAddr,
     /// Serve cluster DNS on this address (e.g. 0.0.0.0:53); off when absent.
@@ -235,12 +236,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let registry = prometheus::Registry::new();
     let metrics = proxier::Metrics::new(&registry)?;
     let ready = common::Ready::default();
-    let bound = common::serve_health(args.metrics_bind_address, registry.clone(), ready.clone()).await?;
-    tracing::info!(address = %bound, "serving /metrics and /healthz");
-    if args.healthz_bind_address != args.metrics_bind_address {
-        let bound = common::serve_health(args.healthz_bind_address, registry.clone(), ready.clone()).await?;
-        tracing::info!(address = %bound, "serving /healthz");
+    // kube-proxy's health timeout: twice the sync period.
+    let proxy_health = healthcheck::ProxyHealth::new(args.iptables_sync_period * 2);
+    let router =
+        healthcheck::proxy_health_router(proxy_health.clone(), common::health_router(registry.clone(), ready.clone()));
+    let bound = healthcheck::serve(args.healthz_bind_address, router).await?;
+    tracing::info!(address = %bound, "serving /healthz and /livez");
+    if args.metrics_bind_address != args.healthz_bind_address {
+        let bound = common::serve_health(args.metrics_bind_address, registry.clone(), ready.clone()).await?;
+        tracing::info!(address = %bound, "serving /metrics");
     }
+    tokio::spawn(healthcheck::watch_node(client.clone(), node_name.clone(), proxy_health.clone()));
+    let service_health = healthcheck::ServiceHealthServer::new(
+        nodeport_addresses.iter().map(|ip| std::net::IpAddr::V4(*ip)).collect(),
+        proxy_health.clone(),
+    );
 
     if let Some(addr) = args.dns_bind_address {
         let upstream = match args.dns_upstream {
@@ -300,6 +310,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         proxier::LoopConfig { min_sync_period: args.iptables_min_sync_period, sync_period: args.iptables_sync_period },
         metrics,
         ready,
+        proxier::Health { proxy: proxy_health, services: service_health },
     )
     .await
 }

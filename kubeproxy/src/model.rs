@@ -6,7 +6,8 @@
 //! (service, port) with the endpoints that cluster-internal and external traffic may use,
 //! after applying ready/serving/terminating rules and the traffic policies. Every proxy
 //! mode renders its rules from this list and nothing else, the LoadBalancer firewall
-//! (`loadBalancerSourceRanges`) included.
+//! (`loadBalancerSourceRanges`) included; the health check server
+//! ([`crate::healthcheck`]) reads the same list.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -25,6 +25,21 @@ pub fn path_segment_errors(s: &str) -> Option<String> {
     None
 }
 
+/// Whether `s` is a CIDR as Kubernetes reads one (Go's `net.ParseCIDR`): an IPv4 or IPv6
+/// address, `/`, and a prefix length that fits the address.
+pub fn is_cidr(s: &str) -> bool {
+    let Some((addr, len)) = s.split_once('/') else { return false };
+    if len.is_empty() || len.len() > 3 || !len.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    let Ok(len) = len.parse::<u8>() else { return false };
+    match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => len <= 32,
+        Ok(std::net::IpAddr::V6(_)) => len <= 128,
+        Err(_) => false,
+    }
+}
+
 /// How a kind's object names are validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NameRule {
@@ -161,6 +176,16 @@ mod tests {
         assert!(label_value_errors("").is_none());
         assert!(label_value_errors("v1.2_3").is_none());
         assert!(label_value_errors("a b").is_some());
+    }
+
+    #[test]
+    fn cidrs() {
+        for ok in ["10.0.0.0/8", "192.0.2.7/32", "0.0.0.0/0", "2001:db8::/64", "::/0"] {
+            assert!(is_cidr(ok), "{ok}");
+        }
+        for bad in ["10.0.0.0", "10.0.0.0/33", "10.0.0/8", "2001:db8::/129", "10.0.0.0/-1", "10.0.0.0/", "x/8"] {
+            assert!(!is_cidr(bad), "{bad}");
+        }
     }
 
     #[test]

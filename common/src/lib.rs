@@ -100,7 +100,18 @@ pub async fn serve_health(
 ) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let bound = listener.local_addr()?;
-    let app = Router::new()
+    let app = health_router(registry, ready);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "health/metrics server stopped");
+        }
+    });
+    Ok(bound)
+}
+
+/// The routes [`serve_health`] serves, for a server that answers some of them its own way.
+pub fn health_router(registry: prometheus::Registry, ready: Ready) -> Router {
+    Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/livez", get(|| async { "ok" }))
         .route(
@@ -116,13 +127,7 @@ pub async fn serve_health(
                 }
             }),
         )
-        .route("/metrics", get(move || metrics(registry.clone())));
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "health/metrics server stopped");
-        }
-    });
-    Ok(bound)
+        .route("/metrics", get(move || metrics(registry.clone())))
 }
 
 async fn metrics(registry: prometheus::Registry) -> impl IntoResponse {

@@ -78,7 +78,7 @@ fn objects(n: usize, eps: usize, generation: u32) -> (Vec<Service>, Vec<Endpoint
 fn ports(n: usize, eps: usize, generation: u32) -> (Vec<ServicePort>, Duration) {
     let (s, e) = objects(n, eps, generation);
     let t = Instant::now();
-    let p = service_ports(&s, &e, &NodeInfo { name: "bench".into() });
+    let p = service_ports(&s, &e, &NodeInfo::named("bench"));
     (p, t.elapsed())
 }
 

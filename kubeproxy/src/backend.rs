@@ -242,15 +242,10 @@ pub fn parse_ip_addr(out: &str) -> Vec<std::net::Ipv4Addr> {
     set.into_iter().collect()
 }
 
-/// Whether `ip` is inside `cidr` (`a.b.c.d/n`).
+/// Whether `ip` is inside `cidr` (`a.b.c.d/n`; a bare address is `/32`).
 pub fn cidr_contains(cidr: &str, ip: std::net::Ipv4Addr) -> bool {
-    let (net, len) = cidr.split_once('/').unwrap_or((cidr, "32"));
-    let (Ok(net), Ok(len)) = (net.parse::<std::net::Ipv4Addr>(), len.parse::<u32>()) else { return false };
-    if len > 32 {
-        return false;
-    }
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-    (u32::from(net) & mask) == (u32::from(ip) & mask)
+    let cidr = if cidr.contains('/') { cidr.to_string() } else { format!("{cidr}/32") };
+    crate::model::Cidr::parse(&cidr).is_some_and(|c| c.contains(ip))
 }
 
 #[cfg(test)]

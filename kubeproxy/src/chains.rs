@@ -45,6 +45,10 @@ pub fn ext_chain(spn: &ServicePortName, protocol: Protocol) -> String {
     format!("KUBE-EXT-{}", port_proto_hash(spn, protocol))
 }
 
+pub fn fw_chain(spn: &ServicePortName, protocol: Protocol) -> String {
+    format!("KUBE-FW-{}", port_proto_hash(spn, protocol))
+}
+
 /// Kubernetes' `servicePortEndpointChainName`.
 pub fn sep_chain(spn: &ServicePortName, protocol: Protocol, ep: &Endpoint) -> String {
     let digest = Sha256::digest(format!("{spn}{}{}", protocol.lower(), ep.addr()).as_bytes());

@@ -151,7 +151,7 @@ mod tests {
         let slice = endpoint_slice(&p);
         assert_eq!(slice.metadata.name.as_deref(), Some("kube-dns-node-1"));
         // The proxy model turns them into 10.96.0.10:53 → 192.0.2.2:10053, UDP and TCP.
-        let ports = service_ports(&[svc], &[slice], &NodeInfo { name: "node-1".into() });
+        let ports = service_ports(&[svc], &[slice], &NodeInfo::named("node-1"));
         assert_eq!(ports.len(), 2);
         for sp in &ports {
             assert_eq!(sp.port, 53);

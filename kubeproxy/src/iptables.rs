@@ -7,12 +7,18 @@
 //! `KUBE-EXT-*` for external destinations, `KUBE-SVL-*` for `Local` traffic policies,
 //! `KUBE-MARK-MASQ` + `KUBE-POSTROUTING` for masquerading, and `REJECT`/`DROP` in the
 //! filter table for services without (local) endpoints.
+//!
+//! `loadBalancerSourceRanges`: traffic to a load balancer IP goes through the service's
+//! `KUBE-FW-*` chain (nat), which passes the allowed sources on to `KUBE-EXT-*`; whatever
+//! it does not pass keeps its destination and is dropped by the `KUBE-PROXY-FIREWALL` rule
+//! for that IP (filter, before anything accepts it). Health check node ports are accepted
+//! in the filter table's `KUBE-NODEPORTS`, for hosts whose `INPUT` policy drops.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
-use crate::chains::{ext_chain, sep_chain, svc_chain, svl_chain};
+use crate::chains::{ext_chain, fw_chain, sep_chain, svc_chain, svl_chain};
 use crate::model::{Endpoint, ServicePort};
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
@@ -22,6 +28,7 @@ pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
 pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
 pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
 pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
 /// The masquerade mark bit (`--iptables-masquerade-bit` 14).
 pub const MASQ_MARK: &str = "0x4000";
 
@@ -70,6 +77,11 @@ pub fn jump_rules() -> Vec<(&'static str, &'static str, Vec<String>)> {
         j("filter", "FORWARD", &[], "kubernetes forwarding rules", KUBE_FORWARD),
         j("filter", "INPUT", &[], "kubernetes firewall for dropping marked packets", KUBE_FIREWALL),
         j("filter", "OUTPUT", &[], "kubernetes firewall for dropping marked packets", KUBE_FIREWALL),
+        j("filter", "INPUT", &[], "kubernetes health check service ports", KUBE_NODEPORTS),
+        // Inserted last, so first in their chains, as in Kubernetes.
+        j("filter", "INPUT", &new, "kubernetes load balancer firewall", KUBE_PROXY_FIREWALL),
+        j("filter", "OUTPUT", &new, "kubernetes load balancer firewall", KUBE_PROXY_FIREWALL),
+        j("filter", "FORWARD", &new, "kubernetes load balancer firewall", KUBE_PROXY_FIREWALL),
         j("nat", "PREROUTING", &[], "kubernetes service portals", KUBE_SERVICES),
         j("nat", "OUTPUT", &[], "kubernetes service portals", KUBE_SERVICES),
         j("nat", "POSTROUTING", &[], "kubernetes postrouting rules", KUBE_POSTROUTING),
@@ -83,7 +95,7 @@ fn q(s: &str) -> String {
 /// The desired chains for `ports`.
 pub fn render(ports: &[ServicePort], cfg: &Config) -> Tables {
     let mut t = Tables::default();
-    for c in [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_FIREWALL] {
+    for c in [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_FIREWALL, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL] {
         t.filter.insert(c.to_string(), Vec::new());
     }
     for c in [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ] {
@@ -135,6 +147,7 @@ pub fn render(ports: &[ServicePort], cfg: &Config) -> Tables {
         let svc = svc_chain(&sp.name, sp.protocol);
         let svl = svl_chain(&sp.name, sp.protocol);
         let ext = ext_chain(&sp.name, sp.protocol);
+        let fw = fw_chain(&sp.name, sp.protocol);
         let has_internal = !sp.cluster_endpoints.is_empty();
         let has_external = !sp.external_endpoints.is_empty();
         let internal_chain = if sp.internal_policy_local { &svl } else { &svc };
@@ -161,23 +174,46 @@ pub fn render(ports: &[ServicePort], cfg: &Config) -> Tables {
 
         // External destinations.
         if sp.has_external() {
-            let dests: Vec<(String, &str)> = sp
+            // Load balancer IPs behind source ranges go through the firewall chain.
+            let uses_fw = has_external && sp.uses_firewall();
+            let lb_target = if uses_fw { &fw } else { &ext };
+            let dests: Vec<(String, &str, &String)> = sp
                 .external_ips
                 .iter()
-                .map(|ip| (format!("{ip}/32"), "external IP"))
-                .chain(sp.load_balancer_ips.iter().map(|ip| (format!("{ip}/32"), "loadbalancer IP")))
+                .map(|ip| (format!("{ip}/32"), "external IP", &ext))
+                .chain(sp.load_balancer_ips.iter().map(|ip| (format!("{ip}/32"), "loadbalancer IP", lb_target)))
                 .collect();
             if has_external {
-                for (ip, what) in &dests {
+                for (ip, what, target) in &dests {
                     push(
                         nat,
                         KUBE_SERVICES,
                         format!(
-                            "-m comment --comment {} -m {proto} -p {proto} -d {ip} --dport {} -j {ext}",
+                            "-m comment --comment {} -m {proto} -p {proto} -d {ip} --dport {} -j {target}",
                             q(&format!("{spn} {what}")),
                             sp.port
                         ),
                     );
+                }
+                if uses_fw {
+                    let comment = q(&format!("{spn} loadbalancer IP"));
+                    for src in sp.firewall_sources() {
+                        push(nat, &fw, format!("-m comment --comment {comment} -s {src} -j {ext}"));
+                    }
+                    // What the chain did not pass on keeps its destination: the filter drops it.
+                    let dropped = q(&format!("other traffic to {spn} will be dropped by {KUBE_PROXY_FIREWALL}"));
+                    push(nat, &fw, format!("-m comment --comment {dropped}"));
+                    for ip in &sp.load_balancer_ips {
+                        push(
+                            filter,
+                            KUBE_PROXY_FIREWALL,
+                            format!(
+                                "-m comment --comment {} -m {proto} -p {proto} -d {ip}/32 --dport {} -j DROP",
+                                q(&format!("{spn} traffic not accepted by {fw}")),
+                                sp.port
+                            ),
+                        );
+                    }
                 }
                 if let Some(np) = sp.node_port {
                     push(
@@ -230,7 +266,7 @@ pub fn render(ports: &[ServicePort], cfg: &Config) -> Tables {
                 }
             } else {
                 let (comment, target) = no_endpoints(sp, sp.external_policy_local);
-                for (ip, _) in &dests {
+                for (ip, _, _) in &dests {
                     push(
                         filter,
                         KUBE_EXTERNAL_SERVICES,
@@ -249,6 +285,18 @@ pub fn render(ports: &[ServicePort], cfg: &Config) -> Tables {
                     );
                 }
             }
+        }
+
+        // Health check node ports are answered by kubeproxy itself, with or without endpoints.
+        if let Some(hc) = sp.health_check_node_port {
+            push(
+                filter,
+                KUBE_NODEPORTS,
+                format!(
+                    "-m comment --comment {} -m tcp -p tcp --dport {hc} -j ACCEPT",
+                    q(&format!("{spn} health check node port"))
+                ),
+            );
         }
 
         // KUBE-SVC-* (all usable endpoints) and KUBE-SVL-* (local ones).
@@ -414,10 +462,11 @@ mod tests {
     use super::*;
     use crate::model::tests::{simple_service, simple_slice, slice, svc};
     use crate::model::{service_ports, NodeInfo};
+    use k8s_openapi::api::core::v1::Service;
     use serde_json::json;
 
     fn node() -> NodeInfo {
-        NodeInfo { name: "node-a".into() }
+        NodeInfo::named("node-a")
     }
     fn cfg() -> Config {
         Config { cluster_cidr: Some("10.244.0.0/16".into()), ..Default::default() }
@@ -507,6 +556,92 @@ mod tests {
             .any(|r| r.contains("loadbalancer IP") && r.contains("-d 198.51.100.7/32") && r.ends_with(&ext)));
     }
 
+    fn firewalled_lb(ranges: serde_json::Value) -> Service {
+        svc(json!({"metadata": {"name": "lb", "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.20", "externalIPs": ["192.0.2.1"],
+                     "loadBalancerSourceRanges": ranges,
+                     "ports": [{"name": "http", "port": 80, "nodePort": 30081}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}}))
+    }
+
+    #[test]
+    fn source_ranges_send_load_balancer_traffic_through_the_firewall_chain() {
+        let node = NodeInfo { name: "node-a".into(), ip: Some("192.168.1.10".parse().unwrap()) };
+        let s = firewalled_lb(json!(["203.0.113.0/24", "192.168.0.0/16"]));
+        let ports = service_ports(&[s], &[simple_slice("lb", &["10.244.1.1"], 80)], &node);
+        let t = render(&ports, &cfg());
+        let (fw, ext) = (fw_chain(&ports[0].name, ports[0].protocol), ext_chain(&ports[0].name, ports[0].protocol));
+        let services = &t.nat[KUBE_SERVICES];
+        assert!(services
+            .iter()
+            .any(|r| r.contains("-d 198.51.100.7/32 --dport 80") && r.ends_with(&format!("-j {fw}"))));
+        assert!(
+            services.iter().any(|r| r.contains("-d 192.0.2.1/32 --dport 80") && r.ends_with(&format!("-j {ext}"))),
+            "external IPs are not filtered"
+        );
+        assert!(t.nat[KUBE_NODEPORTS][0].ends_with(&format!("-j {ext}")), "nor node ports");
+        let passed =
+            |src: &str| format!("-A {fw} -m comment --comment \"default/lb:http loadbalancer IP\" -s {src} -j {ext}");
+        assert_eq!(
+            t.nat[&fw],
+            [
+                passed("203.0.113.0/24"),
+                passed("192.168.0.0/16"),
+                passed("198.51.100.7/32"),
+                format!("-A {fw} -m comment --comment \"other traffic to default/lb:http will be dropped by KUBE-PROXY-FIREWALL\""),
+            ],
+            "a range holds the node's IP: the load balancer IP itself is let through too"
+        );
+        assert_eq!(
+            t.filter[KUBE_PROXY_FIREWALL],
+            [format!("-A KUBE-PROXY-FIREWALL -m comment --comment \"default/lb:http traffic not accepted by {fw}\" -m tcp -p tcp -d 198.51.100.7/32 --dport 80 -j DROP")]
+        );
+
+        // A range without the node: only the ranges pass. No ranges: no firewall at all.
+        let s = firewalled_lb(json!(["203.0.113.0/24"]));
+        let t = render(&service_ports(&[s], &[simple_slice("lb", &["10.244.1.1"], 80)], &node), &cfg());
+        assert_eq!(t.nat[&fw].len(), 2);
+        let s = firewalled_lb(json!([]));
+        let t = render(&service_ports(&[s], &[simple_slice("lb", &["10.244.1.1"], 80)], &node), &cfg());
+        assert!(!t.nat.contains_key(&fw) && t.filter[KUBE_PROXY_FIREWALL].is_empty());
+        assert!(t.nat[KUBE_SERVICES]
+            .iter()
+            .any(|r| r.contains("-d 198.51.100.7/32") && r.ends_with(&format!("-j {ext}"))));
+    }
+
+    #[test]
+    fn local_load_balancer_ips_keep_the_source_and_health_check_ports_are_accepted() {
+        let s = svc(json!({"metadata": {"name": "lb", "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.20", "externalTrafficPolicy": "Local",
+                     "healthCheckNodePort": 32000, "ports": [{"name": "http", "port": 80, "nodePort": 30081}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}}));
+        let sl = slice(json!({"metadata": {"name": "lb-1", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "lb"}}, "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.1.1"], "nodeName": "node-a"}, {"addresses": ["10.244.2.1"], "nodeName": "node-b"}],
+            "ports": [{"name": "http", "port": 80}]}));
+        let ports = service_ports(std::slice::from_ref(&s), std::slice::from_ref(&sl), &node());
+        let t = render(&ports, &cfg());
+        let (ext, svl) = (ext_chain(&ports[0].name, ports[0].protocol), svl_chain(&ports[0].name, ports[0].protocol));
+        assert!(t.nat[KUBE_SERVICES]
+            .iter()
+            .any(|r| r.contains("-d 198.51.100.7/32") && r.ends_with(&format!("-j {ext}"))));
+        assert!(
+            !t.nat[&ext].iter().any(|r| r.ends_with(KUBE_MARK_MASQ) && !r.contains("LOCAL")),
+            "no masquerade: the source is kept"
+        );
+        assert!(t.nat[&ext].last().unwrap().ends_with(&format!("-j {svl}")));
+        assert_eq!(t.nat[&svl].len(), 1, "only the local endpoint");
+        let accept = "-A KUBE-NODEPORTS -m comment --comment \"default/lb:http health check node port\" -m tcp -p tcp --dport 32000 -j ACCEPT";
+        assert_eq!(t.filter[KUBE_NODEPORTS], [accept]);
+
+        // No local endpoint: load balancer traffic is dropped, the health check still answered.
+        let t = render(&service_ports(&[s], &[sl], &NodeInfo::named("node-z")), &cfg());
+        assert!(t.filter[KUBE_EXTERNAL_SERVICES]
+            .iter()
+            .any(|r| r.contains("has no local endpoints") && r.contains("-d 198.51.100.7/32 --dport 80 -j DROP")));
+        assert_eq!(t.filter[KUBE_NODEPORTS], [accept]);
+    }
+
     #[test]
     fn udp_service_uses_udp_matches() {
         let s = svc(json!({"metadata": {"name": "dns", "namespace": "kube-system"},
@@ -557,7 +692,7 @@ mod tests {
         assert!(rules_of(&t.nat, "KUBE-SVC-").is_empty());
         assert_eq!(rules_of(&t.nat, "KUBE-SEP-").len(), 2, "only the local endpoint's chain");
 
-        let t = render(&service_ports(&[s], &[sl], &NodeInfo { name: "node-z".into() }), &cfg());
+        let t = render(&service_ports(&[s], &[sl], &NodeInfo::named("node-z")), &cfg());
         assert!(
             t.filter[KUBE_SERVICES][0].contains("has no local endpoints")
                 && t.filter[KUBE_SERVICES][0].ends_with("-j DROP")

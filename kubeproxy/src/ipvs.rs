@@ -161,7 +161,7 @@ mod tests {
     use serde_json::json;
 
     fn node() -> NodeInfo {
-        NodeInfo { name: "node-a".into() }
+        NodeInfo::named("node-a")
     }
     fn ip(s: &str) -> Ipv4Addr {
         s.parse().unwrap()

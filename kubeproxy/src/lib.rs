@@ -1,6 +1,6 @@
 //! MiniK8s' node proxy as a library: the pure rule computation ([`model`], [`iptables`],
-//! [`nftables`], [`ipvs`], [`dns`], [`ingress`]) and the thin shells that apply it
-//! ([`backend`], [`proxier`], [`sysctl`]). The `kubeproxy` binary wires them to flags; the
+//! [`nftables`], [`ipvs`], [`dns`], [`ingress`]), the load balancer health checks
+//! ([`healthcheck`]) and the thin shells that apply them ([`backend`], [`proxier`], [`sysctl`]). The `kubeproxy` binary wires them to flags; the
 //! benchmark (`examples/kubeproxy_bench.rs`) drives them directly.
 
 pub mod backend;
@@ -8,6 +8,7 @@ pub mod chains;
 pub mod conntrack;
 pub mod dns;
 pub mod dnsservice;
+pub mod healthcheck;
 pub mod ingress;
 pub mod iptables;
 pub mod ipvs;

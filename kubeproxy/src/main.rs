@@ -2,7 +2,7 @@
 //! (iptables, nftables or IPVS mode) from Services and EndpointSlices, and optionally
 //! serves cluster DNS and runs an nginx Ingress controller.
 
-use kubeproxy::{backend, dns, dnsservice, ingress, iptables, model, proxier, sysctl};
+use kubeproxy::{backend, dns, dnsservice, healthcheck, ingress, iptables, model, proxier, sysctl};
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -48,10 +48,11 @@ struct Args {
     /// The IPVS scheduler.
     #[arg(long, default_value = "rr")]
     ipvs_scheduler: String,
-    /// Where /metrics (and /healthz) are served.
+    /// Where /metrics (and a plain /healthz) are served.
     #[arg(long, default_value = "127.0.0.1:10249")]
     metrics_bind_address: SocketAddr,
-    /// Where /healthz (and /metrics) are served.
+    /// Where the proxy's health is served: /healthz (with the node's eligibility for load
+    /// balancer traffic) and /livez, as kube-proxy's JSON; also /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:10256")]
     healthz_bind_address: SocketAddr,
     /// Serve cluster DNS on this address (e.g. 0.0.0.0:53); off when absent.
@@ -83,7 +84,9 @@ struct Args {
     /// The port nginx listens on.
     #[arg(long, default_value_t = 80)]
     ingress_http_port: u16,
-    /// This node's address: Ingress hosts resolve to it, and it is written to Ingress status.
+    /// This node's address: Ingress hosts resolve to it, it is written to Ingress status, and
+    /// loadBalancerSourceRanges that hold it let the node reach the load balancer IPs
+    /// (default for the last: the Node's InternalIP).
     #[arg(long)]
     node_ip: Option<Ipv4Addr>,
     /// Log level filter (RUST_LOG overrides).
@@ -179,7 +182,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let node_name = args.hostname_override.clone().unwrap_or_else(hostname);
-    let node = model::NodeInfo { name: node_name.clone() };
 
     // Node-port addresses: local addresses inside the given CIDRs; none given = all.
     let locals = backend::local_addresses().unwrap_or_default();
@@ -230,15 +232,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let client = common::client(args.kubeconfig.as_deref(), args.master.as_deref()).await?;
+    let node = model::NodeInfo { name: node_name.clone(), ip: node_ip(&client, &node_name, args.node_ip).await };
     let registry = prometheus::Registry::new();
     let metrics = proxier::Metrics::new(&registry)?;
     let ready = common::Ready::default();
-    let bound = common::serve_health(args.metrics_bind_address, registry.clone(), ready.clone()).await?;
-    tracing::info!(address = %bound, "serving /metrics and /healthz");
-    if args.healthz_bind_address != args.metrics_bind_address {
-        let bound = common::serve_health(args.healthz_bind_address, registry.clone(), ready.clone()).await?;
-        tracing::info!(address = %bound, "serving /healthz");
+    // kube-proxy's health timeout: twice the sync period.
+    let proxy_health = healthcheck::ProxyHealth::new(args.iptables_sync_period * 2);
+    let router =
+        healthcheck::proxy_health_router(proxy_health.clone(), common::health_router(registry.clone(), ready.clone()));
+    let bound = healthcheck::serve(args.healthz_bind_address, router).await?;
+    tracing::info!(address = %bound, "serving /healthz and /livez");
+    if args.metrics_bind_address != args.healthz_bind_address {
+        let bound = common::serve_health(args.metrics_bind_address, registry.clone(), ready.clone()).await?;
+        tracing::info!(address = %bound, "serving /metrics");
     }
+    tokio::spawn(healthcheck::watch_node(client.clone(), node_name.clone(), proxy_health.clone()));
+    let service_health = healthcheck::ServiceHealthServer::new(
+        nodeport_addresses.iter().map(|ip| std::net::IpAddr::V4(*ip)).collect(),
+        proxy_health.clone(),
+    );
 
     if let Some(addr) = args.dns_bind_address {
         let upstream = match args.dns_upstream {
@@ -298,8 +310,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
         proxier::LoopConfig { min_sync_period: args.iptables_min_sync_period, sync_period: args.iptables_sync_period },
         metrics,
         ready,
+        proxier::Health { proxy: proxy_health, services: service_health },
     )
     .await
+}
+
+/// This node's IP for the proxy rules: `--node-ip`, else its Node's primary address.
+async fn node_ip(client: &kube::Client, node: &str, flag: Option<Ipv4Addr>) -> Option<Ipv4Addr> {
+    if flag.is_some() {
+        return flag;
+    }
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    match api.get_opt(node).await {
+        Ok(found) => {
+            let ip = found.as_ref().and_then(model::node_primary_ip);
+            if ip.is_none() {
+                tracing::info!(node, "no IPv4 address known for this node (no --node-ip, none on its Node)");
+            }
+            ip
+        }
+        Err(e) => {
+            tracing::warn!(node, error = %e, "cannot read this node's address");
+            None
+        }
+    }
 }
 
 /// SIGTERM or SIGINT.

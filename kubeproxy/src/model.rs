@@ -5,13 +5,15 @@
 //! [`service_ports`] turns Services and EndpointSlices into one [`ServicePort`] per
 //! (service, port) with the endpoints that cluster-internal and external traffic may use,
 //! after applying ready/serving/terminating rules and the traffic policies. Every proxy
-//! mode renders its rules from this list and nothing else.
+//! mode renders its rules from this list and nothing else, the LoadBalancer firewall
+//! (`loadBalancerSourceRanges`) included; the health check server
+//! ([`crate::healthcheck`]) reads the same list.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 /// The label on an EndpointSlice naming its Service.
@@ -66,6 +68,43 @@ impl fmt::Display for ServicePortName {
     }
 }
 
+/// An IPv4 CIDR, its address reduced to the network (as Kubernetes prints a parsed one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cidr {
+    pub network: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    /// `a.b.c.d/n` (surrounding spaces allowed, as in `loadBalancerSourceRanges`); `None`
+    /// for anything else, IPv6 included.
+    pub fn parse(s: &str) -> Option<Cidr> {
+        let (addr, prefix) = s.trim().split_once('/')?;
+        let addr: Ipv4Addr = addr.parse().ok()?;
+        let prefix: u8 = prefix.parse().ok().filter(|p| *p <= 32)?;
+        Some(Cidr { network: Ipv4Addr::from(u32::from(addr) & Self::mask(prefix)), prefix })
+    }
+
+    /// The one address `ip`.
+    pub fn host(ip: Ipv4Addr) -> Cidr {
+        Cidr { network: ip, prefix: 32 }
+    }
+
+    fn mask(prefix: u8) -> u32 {
+        u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
+    }
+
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        u32::from(ip) & Self::mask(self.prefix) == u32::from(self.network)
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
 /// One backend of a service port.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Endpoint {
@@ -95,8 +134,17 @@ pub struct ServicePort {
     pub node_port: Option<u16>,
     /// `spec.externalIPs`.
     pub external_ips: Vec<Ipv4Addr>,
-    /// `status.loadBalancer.ingress[].ip`.
+    /// `status.loadBalancer.ingress[].ip` (VIP-mode ones: the traffic arrives addressed to them).
     pub load_balancer_ips: Vec<Ipv4Addr>,
+    /// `spec.loadBalancerSourceRanges`: when set, only these sources may reach the load
+    /// balancer IPs (node ports and external IPs are not filtered, as in Kubernetes).
+    pub load_balancer_source_ranges: Vec<Cidr>,
+    /// One of the source ranges holds this node's IP: the node may then also reach the
+    /// load balancer IPs from the load balancer IPs themselves (a VIP bound on the node
+    /// loops back with itself as source).
+    pub source_ranges_allow_node: bool,
+    /// `spec.healthCheckNodePort` of a LoadBalancer with `externalTrafficPolicy: Local`.
+    pub health_check_node_port: Option<u16>,
     /// `sessionAffinity: ClientIP` timeout in seconds.
     pub affinity_timeout: Option<u32>,
     pub internal_policy_local: bool,
@@ -116,12 +164,47 @@ impl ServicePort {
     pub fn has_external(&self) -> bool {
         self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
     }
+
+    /// Traffic to the load balancer IPs goes through a firewall (Kubernetes' `usesFWChain`
+    /// before the endpoint condition each mode adds).
+    pub fn uses_firewall(&self) -> bool {
+        !self.load_balancer_ips.is_empty() && !self.load_balancer_source_ranges.is_empty()
+    }
+
+    /// The sources the firewall lets through: the source ranges, then the load balancer
+    /// IPs themselves when a range holds this node's IP.
+    pub fn firewall_sources(&self) -> Vec<Cidr> {
+        let mut sources = self.load_balancer_source_ranges.clone();
+        if self.source_ranges_allow_node {
+            sources.extend(self.load_balancer_ips.iter().copied().map(Cidr::host));
+        }
+        sources
+    }
 }
 
 /// Node facts the computation needs.
 #[derive(Clone, Debug, Default)]
 pub struct NodeInfo {
     pub name: String,
+    /// The node's primary IP (`--node-ip`, else its Node's address), for
+    /// `loadBalancerSourceRanges` that allow the node itself.
+    pub ip: Option<Ipv4Addr>,
+}
+
+impl NodeInfo {
+    pub fn named(name: impl Into<String>) -> NodeInfo {
+        NodeInfo { name: name.into(), ip: None }
+    }
+}
+
+/// A Node's primary IPv4 address as Kubernetes picks it: its first `InternalIP`, else its
+/// first `ExternalIP`.
+pub fn node_primary_ip(node: &Node) -> Option<Ipv4Addr> {
+    let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+    let of = |kind: &str| {
+        addresses.into_iter().flatten().filter(|a| a.type_ == kind).find_map(|a| a.address.parse::<Ipv4Addr>().ok())
+    };
+    of("InternalIP").or_else(|| of("ExternalIP"))
 }
 
 /// Kubernetes' `CategorizeEndpoints` for one set of endpoints: ready ones, else
@@ -166,6 +249,8 @@ pub fn service_ports(services: &[Service], slices: &[EndpointSlice], node: &Node
         let namespace = svc.metadata.namespace.clone().unwrap_or_else(|| "default".into());
         let name = svc.metadata.name.clone().unwrap_or_default();
         let external_ips: Vec<Ipv4Addr> = spec.external_ips.iter().flatten().filter_map(|ip| ip.parse().ok()).collect();
+        // An ingress in `Proxy` mode is reached through the load balancer's own proxy, never
+        // addressed to its IP on the node: Kubernetes leaves it alone.
         let load_balancer_ips: Vec<Ipv4Addr> = if spec.type_.as_deref() == Some("LoadBalancer") {
             svc.status
                 .as_ref()
@@ -173,11 +258,20 @@ pub fn service_ports(services: &[Service], slices: &[EndpointSlice], node: &Node
                 .and_then(|lb| lb.ingress.as_ref())
                 .into_iter()
                 .flatten()
+                .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
                 .filter_map(|i| i.ip.as_deref().and_then(|ip| ip.parse().ok()))
                 .collect()
         } else {
             Vec::new()
         };
+        let load_balancer_source_ranges: Vec<Cidr> =
+            spec.load_balancer_source_ranges.iter().flatten().filter_map(|r| Cidr::parse(r)).collect();
+        let source_ranges_allow_node =
+            node.ip.is_some_and(|ip| load_balancer_source_ranges.iter().any(|r| r.contains(ip)));
+        let health_check_node_port = (spec.type_.as_deref() == Some("LoadBalancer")
+            && spec.external_traffic_policy.as_deref() == Some("Local"))
+        .then(|| spec.health_check_node_port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0))
+        .flatten();
         let affinity_timeout = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
             spec.session_affinity_config
                 .as_ref()
@@ -208,6 +302,9 @@ pub fn service_ports(services: &[Service], slices: &[EndpointSlice], node: &Node
                 node_port,
                 external_ips: external_ips.clone(),
                 load_balancer_ips: load_balancer_ips.clone(),
+                load_balancer_source_ranges: load_balancer_source_ranges.clone(),
+                source_ranges_allow_node,
+                health_check_node_port,
                 affinity_timeout,
                 internal_policy_local,
                 external_policy_local,
@@ -276,7 +373,7 @@ pub mod tests {
             "addressType": "IPv4", "endpoints": eps, "ports": [{"name": "http", "port": port, "protocol": "TCP"}]}))
     }
     fn node() -> NodeInfo {
-        NodeInfo { name: "node-a".into() }
+        NodeInfo::named("node-a")
     }
 
     #[test]
@@ -410,7 +507,7 @@ pub mod tests {
         assert_eq!(p.cluster_endpoints.iter().map(|e| e.ip.to_string()).collect::<Vec<_>>(), ["10.0.0.1"]);
         assert_eq!(p.external_endpoints.iter().map(|e| e.ip.to_string()).collect::<Vec<_>>(), ["10.0.0.1"]);
         // On a node without local endpoints, nothing is usable but endpoints exist.
-        let other = NodeInfo { name: "node-c".into() };
+        let other = NodeInfo::named("node-c");
         let p = &service_ports(&[s], &[sl], &other)[0];
         assert!(p.cluster_endpoints.is_empty() && p.external_endpoints.is_empty());
         assert!(p.has_any_endpoint);
@@ -420,5 +517,96 @@ pub mod tests {
     fn display_of_service_port_name() {
         let n = ServicePortName { namespace: "a".into(), name: "b".into(), port: "".into() };
         assert_eq!(n.to_string(), "a/b");
+    }
+
+    #[test]
+    fn cidrs_parse_to_their_network() {
+        let c = Cidr::parse(" 10.1.2.3/8 ").unwrap();
+        assert_eq!(c.to_string(), "10.0.0.0/8");
+        assert!(c.contains("10.200.0.1".parse().unwrap()) && !c.contains("11.0.0.1".parse().unwrap()));
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("203.0.113.1".parse().unwrap()));
+        assert_eq!(Cidr::host("192.0.2.7".parse().unwrap()).to_string(), "192.0.2.7/32");
+        for bad in ["10.0.0.0", "10.0.0.0/33", "2001:db8::/64", "x/8", "10.0.0.0/"] {
+            assert!(Cidr::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    fn local_lb(extra: serde_json::Value) -> Service {
+        let mut v = json!({"metadata": {"name": "lb", "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.40", "externalTrafficPolicy": "Local",
+                     "healthCheckNodePort": 32000,
+                     "ports": [{"name": "http", "port": 80, "nodePort": 30080}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}, {"ip": "198.51.100.8", "ipMode": "Proxy"}]}}});
+        if let (Some(spec), Some(more)) = (v["spec"].as_object_mut(), extra.as_object()) {
+            spec.extend(more.clone());
+        }
+        svc(v)
+    }
+
+    #[test]
+    fn load_balancer_ips_under_local_policy_use_only_local_endpoints_like_node_ports() {
+        let sl = slice(json!({"metadata": {"name": "lb-1", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "lb"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.1"], "nodeName": "node-a"},
+                          {"addresses": ["10.0.0.2"], "nodeName": "node-b"}],
+            "ports": [{"name": "http", "port": 8080}]}));
+        let p = &service_ports(&[local_lb(json!({}))], std::slice::from_ref(&sl), &node())[0];
+        assert_eq!(p.load_balancer_ips, ["198.51.100.7".parse::<Ipv4Addr>().unwrap()], "Proxy-mode ingress left out");
+        assert!(p.external_policy_local, "the source is kept");
+        assert_eq!(p.external_endpoints.iter().map(|e| e.ip.to_string()).collect::<Vec<_>>(), ["10.0.0.1"]);
+        assert_eq!(p.cluster_endpoints.len(), 2, "cluster traffic still reaches both");
+        assert_eq!(p.health_check_node_port, Some(32000));
+        // No local endpoint: nothing for external traffic, though endpoints exist.
+        let p = &service_ports(&[local_lb(json!({}))], &[sl], &NodeInfo::named("node-c"))[0];
+        assert!(p.external_endpoints.is_empty() && p.has_any_endpoint);
+    }
+
+    #[test]
+    fn health_check_node_port_only_for_local_load_balancers() {
+        let cluster = local_lb(json!({"externalTrafficPolicy": "Cluster"}));
+        assert_eq!(service_ports(&[cluster], &[], &node())[0].health_check_node_port, None);
+        let node_port = local_lb(json!({"type": "NodePort"}));
+        assert_eq!(service_ports(&[node_port], &[], &node())[0].health_check_node_port, None);
+    }
+
+    #[test]
+    fn source_ranges_and_the_node_exception() {
+        let s = local_lb(
+            json!({"loadBalancerSourceRanges": ["203.0.113.0/24", " 192.168.1.1/16 ", "bogus", "2001:db8::/64"]}),
+        );
+        let p = &service_ports(std::slice::from_ref(&s), &[], &node())[0];
+        assert!(p.uses_firewall());
+        let shown: Vec<String> = p.load_balancer_source_ranges.iter().map(Cidr::to_string).collect();
+        assert_eq!(shown, ["203.0.113.0/24", "192.168.0.0/16"], "invalid and IPv6 ranges dropped");
+        assert!(!p.source_ranges_allow_node, "no node IP known");
+        assert_eq!(p.firewall_sources().len(), 2);
+
+        let at = NodeInfo { name: "node-a".into(), ip: Some("192.168.7.7".parse().unwrap()) };
+        let p = &service_ports(std::slice::from_ref(&s), &[], &at)[0];
+        assert!(p.source_ranges_allow_node);
+        let sources: Vec<String> = p.firewall_sources().iter().map(Cidr::to_string).collect();
+        assert_eq!(sources, ["203.0.113.0/24", "192.168.0.0/16", "198.51.100.7/32"]);
+
+        let outside = NodeInfo { name: "node-a".into(), ip: Some("172.16.0.1".parse().unwrap()) };
+        assert!(!service_ports(std::slice::from_ref(&s), &[], &outside)[0].source_ranges_allow_node);
+        // Without load balancer IPs there is nothing to guard.
+        let mut no_ip = s;
+        no_ip.status = None;
+        assert!(!service_ports(&[no_ip], &[], &node())[0].uses_firewall());
+    }
+
+    #[test]
+    fn a_nodes_primary_ip_is_its_internal_one() {
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {"addresses": [
+            {"type": "Hostname", "address": "n"}, {"type": "ExternalIP", "address": "203.0.113.5"},
+            {"type": "InternalIP", "address": "fd00::5"}, {"type": "InternalIP", "address": "192.168.1.5"}]}}))
+        .unwrap();
+        assert_eq!(node_primary_ip(&node), Some("192.168.1.5".parse().unwrap()));
+        let external: Node = serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {"addresses": [
+            {"type": "ExternalIP", "address": "203.0.113.5"}]}}))
+        .unwrap();
+        assert_eq!(node_primary_ip(&external), Some("203.0.113.5".parse().unwrap()));
+        assert_eq!(node_primary_ip(&serde_json::from_value(json!({"metadata": {"name": "n"}})).unwrap()), None);
     }
 }

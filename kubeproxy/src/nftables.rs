@@ -2,7 +2,9 @@
 //! per-service chains, the way Kubernetes' nftables proxier lays it out:
 //! `service-ips` (cluster/external/LB IP . proto . port), `service-nodeports`
 //! (proto . port), `no-endpoint-services` / `no-endpoint-nodeports` (reject or drop), and
-//! chains `service-*`, `local-*`, `external-*`, `endpoint-*`.
+//! chains `service-*`, `local-*`, `external-*`, `endpoint-*`. `loadBalancerSourceRanges`:
+//! `firewall-ips` (LB IP . proto . port) sends new connections, before DNAT, to the
+//! service's `firewall-*` chain, which drops every source outside the allowed ones.
 //!
 //! [`render`] computes the desired chains, map elements and affinity sets as data;
 //! [`script`] turns (applied, desired) into an `nft -f` transaction: the whole table on the
@@ -24,6 +26,7 @@ pub const MAP_SERVICE_IPS: &str = "service-ips";
 pub const MAP_SERVICE_NODEPORTS: &str = "service-nodeports";
 pub const MAP_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const MAP_NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+pub const MAP_FIREWALL_IPS: &str = "firewall-ips";
 
 /// The desired dynamic content of the table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -65,6 +68,9 @@ pub fn local_chain(sp: &ServicePort) -> String {
 pub fn external_chain(sp: &ServicePort) -> String {
     format!("external-{}", hash_name(&base(sp)))
 }
+pub fn firewall_chain(sp: &ServicePort) -> String {
+    format!("firewall-{}", hash_name(&base(sp)))
+}
 pub fn endpoint_chain(sp: &ServicePort, ep: &Endpoint) -> String {
     format!("endpoint-{}", hash_name(&format!("{}__{}/{}", base(sp), ep.ip, ep.port)))
 }
@@ -87,6 +93,7 @@ pub fn base_script(cfg: &Config) -> String {
 	map {MAP_SERVICE_NODEPORTS} {{ type inet_proto . inet_service : verdict ; comment "NodePort traffic" ; }}
 	map {MAP_NO_ENDPOINT_SERVICES} {{ type ipv4_addr . inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to services with no endpoints" ; }}
 	map {MAP_NO_ENDPOINT_NODEPORTS} {{ type inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to service nodeports with no endpoints" ; }}
+	map {MAP_FIREWALL_IPS} {{ type ipv4_addr . inet_proto . inet_service : verdict ; comment "destinations that are subject to LoadBalancerSourceRanges" ; }}
 	chain mark-for-masquerade {{
 		meta mark set meta mark | 0x4000
 	}}
@@ -102,6 +109,9 @@ pub fn base_script(cfg: &Config) -> String {
 	chain services {{
 		ip daddr . meta l4proto . th dport vmap @{MAP_SERVICE_IPS}
 		{nodeport_match} meta l4proto . th dport vmap @{MAP_SERVICE_NODEPORTS}
+	}}
+	chain firewall-check {{
+		ip daddr . meta l4proto . th dport vmap @{MAP_FIREWALL_IPS}
 	}}
 	chain service-endpoints-check {{
 		ip daddr . meta l4proto . th dport vmap @{MAP_NO_ENDPOINT_SERVICES}
@@ -119,6 +129,10 @@ pub fn base_script(cfg: &Config) -> String {
 		type nat hook postrouting priority srcnat; policy accept;
 		jump masquerading
 	}}
+	chain filter-prerouting {{
+		type filter hook prerouting priority -110; policy accept;
+		ct state new jump firewall-check
+	}}
 	chain filter-input {{
 		type filter hook input priority -110; policy accept;
 		ct state new jump service-endpoints-check
@@ -130,6 +144,7 @@ pub fn base_script(cfg: &Config) -> String {
 	chain filter-output {{
 		type filter hook output priority -110; policy accept;
 		ct state new jump service-endpoints-check
+		ct state new jump firewall-check
 	}}
 }}
 "#
@@ -139,7 +154,9 @@ pub fn base_script(cfg: &Config) -> String {
 /// The desired chains, map elements and sets for `ports`.
 pub fn render(ports: &[ServicePort], cfg: &Config) -> Ruleset {
     let mut rs = Ruleset::default();
-    for m in [MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS, MAP_NO_ENDPOINT_SERVICES, MAP_NO_ENDPOINT_NODEPORTS] {
+    for m in
+        [MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS, MAP_NO_ENDPOINT_SERVICES, MAP_NO_ENDPOINT_NODEPORTS, MAP_FIREWALL_IPS]
+    {
         rs.maps.insert(m, BTreeMap::new());
     }
     for sp in ports {
@@ -204,6 +221,19 @@ pub fn render(ports: &[ServicePort], cfg: &Config) -> Ruleset {
                 if let Some(k) = np_key {
                     rs.maps.entry(MAP_NO_ENDPOINT_NODEPORTS).or_default().insert(k, verdict.clone());
                 }
+            }
+        }
+
+        // Whatever the endpoints, as Kubernetes' nftables mode: the firewall runs before them.
+        if sp.uses_firewall() {
+            let fw = firewall_chain(sp);
+            let sources: Vec<String> = sp.firewall_sources().iter().map(ToString::to_string).collect();
+            rs.chains.insert(fw.clone(), vec![format!("ip saddr != {{ {} }} drop", sources.join(", "))]);
+            for ip in &sp.load_balancer_ips {
+                rs.maps
+                    .entry(MAP_FIREWALL_IPS)
+                    .or_default()
+                    .insert(format!("{ip} . {proto} . {}", sp.port), format!("goto {fw}"));
             }
         }
 
@@ -340,7 +370,7 @@ mod tests {
     use serde_json::json;
 
     fn node() -> NodeInfo {
-        NodeInfo { name: "node-a".into() }
+        NodeInfo::named("node-a")
     }
     fn cfg() -> Config {
         Config { cluster_cidr: Some("10.244.0.0/16".into()), ..Default::default() }
@@ -445,5 +475,48 @@ mod tests {
         let c = Config { nodeport_addresses: vec!["192.168.1.10".parse().unwrap()], ..cfg() };
         assert!(base_script(&c).contains("ip daddr { 192.168.1.10 } meta l4proto . th dport vmap @service-nodeports"));
         assert!(base_script(&cfg()).contains("fib daddr type local meta l4proto . th dport vmap @service-nodeports"));
+    }
+
+    #[test]
+    fn source_ranges_guard_load_balancer_ips_before_dnat() {
+        let s = svc(json!({"metadata": {"name": "lb", "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.20", "externalIPs": ["192.0.2.1"],
+                     "loadBalancerSourceRanges": ["203.0.113.0/24", "192.168.0.0/16"],
+                     "ports": [{"name": "http", "port": 80, "nodePort": 30081}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}}));
+        let node = NodeInfo { name: "node-a".into(), ip: Some("192.168.1.10".parse().unwrap()) };
+        let ports = service_ports(std::slice::from_ref(&s), &[simple_slice("lb", &["10.244.1.1"], 80)], &node);
+        let rs = render(&ports, &cfg());
+        let fw = firewall_chain(&ports[0]);
+        assert!(fw.starts_with("firewall-") && fw.ends_with("-default/lb/tcp/http"), "{fw}");
+        assert_eq!(rs.maps[MAP_FIREWALL_IPS].len(), 1, "only load balancer IPs, not external IPs");
+        assert_eq!(rs.maps[MAP_FIREWALL_IPS]["198.51.100.7 . tcp . 80"], format!("goto {fw}"));
+        assert_eq!(rs.chains[&fw], ["ip saddr != { 203.0.113.0/24, 192.168.0.0/16, 198.51.100.7/32 } drop"]);
+        // The LB IP is still served through the external chain once past the firewall.
+        assert_eq!(rs.maps[MAP_SERVICE_IPS]["198.51.100.7 . tcp . 80"], format!("goto {}", external_chain(&ports[0])));
+
+        // The node outside the ranges: only the ranges; and the firewall stays without endpoints.
+        let rs = render(&service_ports(std::slice::from_ref(&s), &[], &NodeInfo::named("node-a")), &cfg());
+        assert_eq!(rs.chains[&fw], ["ip saddr != { 203.0.113.0/24, 192.168.0.0/16 } drop"]);
+
+        // Removing the ranges removes the chain and the map element.
+        let mut open = s;
+        open.spec.as_mut().unwrap().load_balancer_source_ranges = None;
+        let before = render(&ports, &cfg());
+        let after = render(&service_ports(&[open], &[simple_slice("lb", &["10.244.1.1"], 80)], &node), &cfg());
+        let inc = script(Some(&before), &after, &cfg()).unwrap();
+        assert!(inc.contains("delete element ip kube-proxy firewall-ips { 198.51.100.7 . tcp . 80 }"), "{inc}");
+        assert!(inc.contains(&format!("delete chain ip kube-proxy {fw}")), "{inc}");
+    }
+
+    #[test]
+    fn the_firewall_check_runs_before_dnat_for_new_connections() {
+        let base = base_script(&cfg());
+        let prerouting = &base[base.find("chain filter-prerouting {").unwrap()..];
+        assert!(prerouting.contains("type filter hook prerouting priority -110;"));
+        assert!(prerouting.contains("ct state new jump firewall-check"));
+        let output = &base[base.find("chain filter-output {").unwrap()..];
+        assert!(output[..output.find('}').unwrap()].contains("ct state new jump firewall-check"));
+        assert!(base.contains("ip daddr . meta l4proto . th dport vmap @firewall-ips"));
     }
 }

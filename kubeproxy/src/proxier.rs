@@ -1,7 +1,9 @@
 //! The sync loop: reflectors for Services and EndpointSlices feed a debounced loop that
 //! recomputes the service ports and hands them to the backend — at most once per
 //! `--iptables-min-sync-period`, at least once per `--iptables-sync-period`, like
-//! Kubernetes' `BoundedFrequencyRunner`.
+//! Kubernetes' `BoundedFrequencyRunner`. Each change is noted in the proxy's health as
+//! waiting and each successful sync as done; after a successful sync the Service health
+//! checks follow the new service ports.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,10 +19,19 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use crate::backend::Backend;
+use crate::healthcheck::{self, ProxyHealth, ServiceHealthServer};
 use crate::model::{service_ports, NodeInfo};
 
 /// A reflector-backed cache of one kind, notifying `notify` on every change.
 pub fn cache<K>(client: &Client, notify: Arc<Notify>) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    cache_with(client, move || notify.notify_one())
+}
+
+/// A reflector-backed cache of one kind, calling `on_change` on every change.
+pub fn cache_with<K>(client: &Client, on_change: impl Fn() + Send + 'static) -> Store<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
@@ -31,7 +42,7 @@ where
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
-                Ok(_) => notify.notify_one(),
+                Ok(_) => on_change(),
                 Err(e) => tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying"),
             }
         }
@@ -79,6 +90,14 @@ pub struct LoopConfig {
     pub sync_period: Duration,
 }
 
+/// What the loop reports its health to.
+pub struct Health {
+    /// The proxy's own health (`/healthz`, `/livez`).
+    pub proxy: Arc<ProxyHealth>,
+    /// The Service health checks.
+    pub services: ServiceHealthServer,
+}
+
 /// Run the proxy until the process ends.
 pub async fn run(
     client: Client,
@@ -87,10 +106,20 @@ pub async fn run(
     cfg: LoopConfig,
     metrics: Metrics,
     ready: common::Ready,
+    mut health: Health,
 ) -> anyhow::Result<()> {
     let notify = Arc::new(Notify::new());
-    let services: Store<Service> = cache(&client, notify.clone());
-    let slices: Store<EndpointSlice> = cache(&client, notify.clone());
+    let changed = || {
+        let (notify, proxy) = (notify.clone(), health.proxy.clone());
+        move || {
+            proxy.queued();
+            notify.notify_one();
+        }
+    };
+    let services: Store<Service> = cache_with(&client, changed());
+    let slices: Store<EndpointSlice> = cache_with(&client, changed());
+    // Healthy from the start, in case the first sync never succeeds (as kube-proxy).
+    health.proxy.updated();
     services.wait_until_ready().await?;
     slices.wait_until_ready().await?;
     tracing::info!(mode = backend.name(), node = %node.name, "caches synced; programming rules");
@@ -128,6 +157,8 @@ pub async fn run(
                     tracing::debug!(elapsed = ?took, "proxy rules unchanged");
                 }
                 ready.set(true);
+                health.proxy.updated();
+                health.services.sync(&healthcheck::services(&ports)).await;
                 // After the rules changed: drop UDP flows pinned to what is gone.
                 let stale = crate::conntrack::stale_entries(&last_ports, &ports);
                 if !stale.is_empty() {

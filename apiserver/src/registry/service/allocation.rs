@@ -1,4 +1,4 @@
-//! Cluster IPs and node ports of Services, allocated in the same storage transaction as the
+//! Cluster IPs, node ports and health check node ports of Services, allocated in the same storage transaction as the
 //! Service itself: two bitmaps in storage (`ipalloc`), read by the generic store and handed
 //! to [`writes`], which decides what a create, update or delete takes and frees. A
 //! concurrent change of a bitmap makes the whole write retry, so two Services never get one
@@ -8,7 +8,10 @@ use rand::Rng;
 use serde_json::{json, Value};
 use storage::{KeyValue, Op};
 
-use super::{held_ip, held_node_ports, ports_needing_node_port, wants_ip};
+use super::{
+    held_health_check_node_port, held_ip, held_node_ports, ports_needing_node_port, wants_health_check_node_port,
+    wants_ip,
+};
 use crate::error::{ApiError, ApiResult, FieldError};
 use crate::ipalloc::{Bitmap, NODE_PORTS_KEY, SERVICE_IPS_KEY};
 use crate::registry::{set_at, str_at, ClusterConfig};
@@ -95,14 +98,19 @@ pub fn writes(
         }
     }
 
-    // ---- node ports
+    // ---- node ports, and the health check node port from the same range
     let old_ports: Vec<i64> = old.map(held_node_ports).unwrap_or_default().into_iter().map(|(_, p)| p).collect();
     let new_held: Vec<(usize, i64)> = new.as_deref().map(held_node_ports).unwrap_or_default();
     let needing = new.as_deref().map(ports_needing_node_port).unwrap_or_default();
     let new_ports: Vec<i64> = new_held.iter().map(|(_, p)| *p).collect();
     let claims: Vec<(usize, i64)> = new_held.iter().copied().filter(|(_, p)| !old_ports.contains(p)).collect();
-    let releases: Vec<i64> = old_ports.iter().copied().filter(|p| !new_ports.contains(p)).collect();
-    if !claims.is_empty() || !releases.is_empty() || !needing.is_empty() {
+    let mut releases: Vec<i64> = old_ports.iter().copied().filter(|p| !new_ports.contains(p)).collect();
+    let old_hc = old.and_then(held_health_check_node_port);
+    let new_hc = new.as_deref().and_then(held_health_check_node_port);
+    let hc_claim = new_hc.filter(|p| Some(*p) != old_hc);
+    let hc_wanted = new.as_deref().is_some_and(wants_health_check_node_port);
+    releases.extend(old_hc.filter(|p| Some(*p) != new_hc));
+    if !claims.is_empty() || !releases.is_empty() || !needing.is_empty() || hc_claim.is_some() || hc_wanted {
         let range = &cfg.service_node_port_range;
         let text = range.text();
         let mut bm = bitmap(reads.get(1).and_then(Option::as_ref), &text, range.size())?;
@@ -133,6 +141,32 @@ pub fn writes(
             bm.set(off, true);
             if let Some(n) = new.as_deref_mut() {
                 set_at(n, &format!("/spec/ports/{i}/nodePort"), json!(range.base as i64 + off as i64));
+            }
+        }
+        // Kubernetes answers a health check node port it cannot take with an internal
+        // error (500), not a field error, and says so in these words.
+        if let Some(p) = hc_claim {
+            let why = match range.offset(p) {
+                None => format!("provided port is not in the valid range. The range of valid ports is {text}"),
+                Some(off) if bm.get(off) => "provided port is already allocated".to_string(),
+                Some(off) => {
+                    bm.set(off, true);
+                    String::new()
+                }
+            };
+            if !why.is_empty() {
+                return Err(ApiError::internal(format!(
+                    "failed to allocate requested HealthCheck NodePort {p}: {why}"
+                )));
+            }
+        } else if hc_wanted {
+            let start = rand::rng().random_range(0..range.size());
+            let off = bm
+                .find_free(0, range.size(), start)
+                .ok_or_else(|| ApiError::internal("failed to allocate a HealthCheck NodePort 0: range is full"))?;
+            bm.set(off, true);
+            if let Some(n) = new.as_deref_mut() {
+                set_at(n, "/spec/healthCheckNodePort", json!(range.base as i64 + off as i64));
             }
         }
         ops.push(Op::Put { key: NODE_PORTS_KEY.into(), value: bm.encode(&text) });
@@ -195,5 +229,88 @@ mod tests {
         let mut svc = json!({"metadata": {"name": "a"}, "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}});
         let err = writes(&cfg(), &[None, None], None, Some(&mut svc)).unwrap_err();
         assert!(err.message.contains("The range of valid IPs is 10.96.0.0/28"), "{}", err.message);
+    }
+
+    /// The bitmaps after `ops`, in [`KEYS`] order.
+    fn after(reads: &[Option<KeyValue>], ops: &[Op]) -> Vec<Option<KeyValue>> {
+        KEYS.iter()
+            .enumerate()
+            .map(|(i, k)| {
+                ops.iter().filter(|op| op.key() == *k).find_map(stored).or_else(|| reads.get(i).cloned().flatten())
+            })
+            .collect()
+    }
+
+    fn lb_local(name: &str) -> Value {
+        json!({"metadata": {"name": name}, "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+            "ports": [{"port": 80}]}})
+    }
+
+    #[test]
+    fn a_local_load_balancer_gets_a_health_check_node_port_beside_its_node_port_until_deleted() {
+        let cfg = cfg();
+        let mut svc = lb_local("a");
+        let ops = writes(&cfg, &[None, None], None, Some(&mut svc)).unwrap();
+        let hc = svc["spec"]["healthCheckNodePort"].as_i64().unwrap();
+        assert!((30000..=30003).contains(&hc));
+        assert_ne!(Some(hc), svc["spec"]["ports"][0]["nodePort"].as_i64(), "two ports of one range");
+        let reads: Vec<Option<KeyValue>> = ops.iter().map(stored).collect();
+
+        // A second Service asking for the same port: Kubernetes' internal error.
+        let mut same = lb_local("b");
+        same["spec"]["healthCheckNodePort"] = json!(hc);
+        let err = writes(&cfg, &reads, None, Some(&mut same)).unwrap_err();
+        assert_eq!(err.code, 500);
+        assert_eq!(
+            err.message,
+            format!("Internal error occurred: failed to allocate requested HealthCheck NodePort {hc}: provided port is already allocated")
+        );
+        let mut outside = lb_local("c");
+        outside["spec"]["healthCheckNodePort"] = json!(31999);
+        let err = writes(&cfg, &reads, None, Some(&mut outside)).unwrap_err();
+        assert_eq!(err.code, 500);
+        assert!(
+            err.message
+                .ends_with("31999: provided port is not in the valid range. The range of valid ports is 30000-30003"),
+            "{}",
+            err.message
+        );
+
+        let freed = writes(&cfg, &reads, Some(&svc), None).unwrap();
+        let reads: Vec<Option<KeyValue>> = freed.iter().map(stored).collect();
+        // Its node port named too: a random one could be the health check port (node ports come first).
+        same["spec"]["ports"][0]["nodePort"] = svc["spec"]["ports"][0]["nodePort"].clone();
+        assert!(writes(&cfg, &reads, None, Some(&mut same)).is_ok(), "freed by the delete");
+        assert_eq!(same["spec"]["healthCheckNodePort"], json!(hc), "the requested port is honoured");
+    }
+
+    #[test]
+    fn the_health_check_node_port_follows_the_need_for_it() {
+        let cfg = cfg();
+        // Node ports named: a random one could take the health check port (node ports come first).
+        let mut svc = lb_local("a");
+        svc["spec"]["healthCheckNodePort"] = json!(30002);
+        svc["spec"]["ports"][0]["nodePort"] = json!(30000);
+        let reads = after(&[None, None], &writes(&cfg, &[None, None], None, Some(&mut svc)).unwrap());
+
+        // Unchanged: nothing to write.
+        let mut same = svc.clone();
+        assert!(writes(&cfg, &reads, Some(&svc), Some(&mut same)).unwrap().is_empty());
+
+        // Policy Cluster: the port (which the update's preparation removed) is freed.
+        let mut cluster = svc.clone();
+        cluster["spec"]["externalTrafficPolicy"] = json!("Cluster");
+        cluster["spec"].as_object_mut().unwrap().remove("healthCheckNodePort");
+        let reads = after(&reads, &writes(&cfg, &reads, Some(&svc), Some(&mut cluster)).unwrap());
+        let mut other = lb_local("b");
+        other["spec"]["healthCheckNodePort"] = json!(30002);
+        other["spec"]["ports"][0]["nodePort"] = json!(30001);
+        assert!(writes(&cfg, &reads, None, Some(&mut other.clone())).is_ok(), "30002 is free again");
+
+        // Back to Local: a port is allocated again.
+        let mut local = cluster.clone();
+        local["spec"]["externalTrafficPolicy"] = json!("Local");
+        writes(&cfg, &reads, Some(&cluster), Some(&mut local)).unwrap();
+        assert!(local["spec"]["healthCheckNodePort"].as_i64().is_some());
     }
 }

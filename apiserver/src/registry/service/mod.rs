@@ -26,6 +26,30 @@ fn uses_node_ports(obj: &Value) -> bool {
     matches!(service_type(obj), "NodePort" | "LoadBalancer")
 }
 
+/// Whether a Service needs a health check node port (Kubernetes' `NeedsHealthCheck`): a
+/// LoadBalancer whose external traffic stays on the node that receives it, so the load
+/// balancer must ask each node whether it has endpoints.
+pub fn needs_health_check(obj: &Value) -> bool {
+    service_type(obj) == "LoadBalancer" && str_at(obj, "/spec/externalTrafficPolicy") == Some("Local")
+}
+
+/// `spec.healthCheckNodePort` as a number, 0 when unset (the API's "none").
+fn health_check_node_port(obj: &Value) -> i64 {
+    obj.pointer("/spec/healthCheckNodePort").and_then(Value::as_i64).unwrap_or(0)
+}
+
+/// The health check node port a Service holds in the node port range: set and needed.
+pub fn held_health_check_node_port(obj: &Value) -> Option<i64> {
+    Some(health_check_node_port(obj)).filter(|p| *p != 0 && needs_health_check(obj))
+}
+
+/// Whether a Service needs a health check node port allocated: it needs one and names none.
+pub fn wants_health_check_node_port(obj: &Value) -> bool {
+    needs_health_check(obj) && health_check_node_port(obj) == 0
+}
+
+const EXTERNAL_TRAFFIC_POLICIES: &[&str] = &["Cluster", "Local"];
+
 impl Strategy for ServiceStrategy {
     /// Kubernetes answers a delete with the deleted Service.
     fn return_deleted_object(&self) -> bool {
@@ -110,6 +134,20 @@ impl Strategy for ServiceStrategy {
             default_at(new, "/spec/externalTrafficPolicy", json!("Cluster"));
         }
         default_at(new, "/spec/sessionAffinity", json!("None"));
+        // The health check node port stays while it is needed and the client left it
+        // empty; it goes with the need when the client left it as it was (it is freed by
+        // the allocation). A changed value is the client's, and validation judges it.
+        let (needed, needs) = (needs_health_check(old), needs_health_check(new));
+        if needed && needs && health_check_node_port(new) == 0 {
+            if let Some(port) = old.pointer("/spec/healthCheckNodePort").cloned() {
+                super::set_at(new, "/spec/healthCheckNodePort", port);
+            }
+        }
+        if needed && !needs && health_check_node_port(new) == health_check_node_port(old) {
+            if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.remove("healthCheckNodePort");
+            }
+        }
     }
 
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
@@ -212,6 +250,26 @@ impl Strategy for ServiceStrategy {
                 _ => {}
             }
         }
+        if let Some(policy) = str_at(obj, "/spec/externalTrafficPolicy") {
+            if !EXTERNAL_TRAFFIC_POLICIES.contains(&policy) {
+                errs.push(FieldError::not_supported(
+                    "spec.externalTrafficPolicy",
+                    &json!(policy),
+                    EXTERNAL_TRAFFIC_POLICIES,
+                ));
+            }
+        }
+        // Only the allowed combination is checked here: a port that is needed is checked
+        // against the node port range when it is allocated, as Kubernetes does.
+        let hc_port = health_check_node_port(obj);
+        if hc_port != 0 && !needs_health_check(obj) {
+            errs.push(FieldError::invalid(
+                "spec.healthCheckNodePort",
+                &json!(hc_port),
+                "may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'",
+            ));
+        }
+        errs.extend(source_range_errors(obj, ty));
         if let Some(sa) = str_at(obj, "/spec/sessionAffinity") {
             if !["None", "ClientIP"].contains(&sa) {
                 errs.push(FieldError::not_supported("spec.sessionAffinity", &json!(sa), &["ClientIP", "None"]));
@@ -239,6 +297,12 @@ impl Strategy for ServiceStrategy {
                 new.pointer("/spec/clusterIP").unwrap_or(&Value::Null),
                 "may not change once set",
             ));
+        }
+        if needs_health_check(old)
+            && needs_health_check(new)
+            && health_check_node_port(new) != health_check_node_port(old)
+        {
+            errs.push(FieldError::forbidden("spec.healthCheckNodePort", "field is immutable"));
         }
         errs
     }
@@ -269,6 +333,30 @@ impl Strategy for ServiceStrategy {
     ) -> ApiResult<Vec<Op>> {
         allocation::writes(cfg, reads, old, new)
     }
+}
+
+/// `spec.loadBalancerSourceRanges`: only for LoadBalancers, each a CIDR (surrounding spaces
+/// allowed, a leftover of the annotation it replaced). Kubernetes names the field with a
+/// capital L in these errors.
+fn source_range_errors(obj: &Value, ty: &str) -> Vec<FieldError> {
+    let ranges = obj.pointer("/spec/loadBalancerSourceRanges").and_then(Value::as_array);
+    let Some(ranges) = ranges.filter(|r| !r.is_empty()) else { return Vec::new() };
+    let path = "spec.LoadBalancerSourceRanges";
+    let mut errs = Vec::new();
+    if ty != "LoadBalancer" {
+        errs.push(FieldError::forbidden(path, "may only be used when `type` is 'LoadBalancer'"));
+    }
+    for (i, range) in ranges.iter().enumerate() {
+        let text = range.as_str().unwrap_or_default().trim();
+        if !crate::validation::is_cidr(text) {
+            errs.push(FieldError::invalid(
+                format!("{path}[{i}]"),
+                &json!(text),
+                "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)",
+            ));
+        }
+    }
+    errs
 }
 
 /// The cluster IP a Service holds (None for headless / ExternalName / unset).
@@ -347,5 +435,81 @@ mod tests {
         ServiceStrategy.prepare_for_update(&mut to_cluster, &old);
         assert!(to_cluster["spec"]["ports"][0].get("nodePort").is_none());
         assert_eq!(held_node_ports(&old), vec![(0, 30080)]);
+    }
+
+    fn lb_local() -> Value {
+        json!({"metadata": {"name": "web"}, "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+            "healthCheckNodePort": 30500, "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}})
+    }
+
+    #[test]
+    fn a_health_check_node_port_is_only_for_local_load_balancers() {
+        assert!(ServiceStrategy.validate(&lb_local()).is_empty());
+        for (ty, policy) in [("NodePort", "Local"), ("LoadBalancer", "Cluster")] {
+            let mut s = lb_local();
+            s["spec"]["type"] = json!(ty);
+            s["spec"]["externalTrafficPolicy"] = json!(policy);
+            let e = ServiceStrategy.validate(&s);
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert_eq!(e[0].field, "spec.healthCheckNodePort");
+            assert_eq!(
+                e[0].message,
+                "spec.healthCheckNodePort: Invalid value: 30500: may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'"
+            );
+        }
+        let mut s = lb_local();
+        s["spec"]["externalTrafficPolicy"] = json!("local");
+        assert_eq!(ServiceStrategy.validate(&s)[0].reason, "FieldValueNotSupported");
+    }
+
+    #[test]
+    fn the_health_check_node_port_is_immutable_while_needed_and_dropped_with_the_need() {
+        let old = lb_local();
+        // Left empty: kept.
+        let mut new = lb_local();
+        new["spec"].as_object_mut().unwrap().remove("healthCheckNodePort");
+        ServiceStrategy.prepare_for_update(&mut new, &old);
+        assert_eq!(new["spec"]["healthCheckNodePort"], 30500);
+        assert!(ServiceStrategy.validate_update(&new, &old).is_empty());
+        // Changed: refused.
+        let mut new = lb_local();
+        new["spec"]["healthCheckNodePort"] = json!(30501);
+        ServiceStrategy.prepare_for_update(&mut new, &old);
+        let e = ServiceStrategy.validate_update(&new, &old);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].message, "spec.healthCheckNodePort: Forbidden: field is immutable");
+        // Policy Cluster with the port as it was: the port goes.
+        let mut new = lb_local();
+        new["spec"]["externalTrafficPolicy"] = json!("Cluster");
+        ServiceStrategy.prepare_for_update(&mut new, &old);
+        assert!(new["spec"].get("healthCheckNodePort").is_none());
+        assert!(ServiceStrategy.validate_update(&new, &old).is_empty());
+        // Type NodePort with another port: the client's value stays, and is refused.
+        let mut new = lb_local();
+        new["spec"]["type"] = json!("NodePort");
+        new["spec"]["healthCheckNodePort"] = json!(30501);
+        ServiceStrategy.prepare_for_update(&mut new, &old);
+        assert_eq!(ServiceStrategy.validate_update(&new, &old)[0].field, "spec.healthCheckNodePort");
+    }
+
+    #[test]
+    fn source_ranges_are_cidrs_of_load_balancers() {
+        let mut s = lb_local();
+        s["spec"]["loadBalancerSourceRanges"] = json!(["10.0.0.0/8", " 192.0.2.0/24 "]);
+        assert!(ServiceStrategy.validate(&s).is_empty());
+        s["spec"]["loadBalancerSourceRanges"] = json!(["10.0.0.0/8", "10.0.0.1"]);
+        let e = ServiceStrategy.validate(&s);
+        assert_eq!(e.len(), 1);
+        assert_eq!(
+            e[0].message,
+            "spec.LoadBalancerSourceRanges[1]: Invalid value: \"10.0.0.1\": must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)"
+        );
+        let mut np = svc("NodePort");
+        np["spec"]["loadBalancerSourceRanges"] = json!(["10.0.0.0/8"]);
+        let e = ServiceStrategy.validate(&np);
+        assert_eq!(
+            e[0].message,
+            "spec.LoadBalancerSourceRanges: Forbidden: may only be used when `type` is 'LoadBalancer'"
+        );
     }
 }

@@ -177,7 +177,7 @@ async fn local_load_balancer(mode: &str) -> Result<()> {
     .await
     .with_context(|| format!("{mode}: the node never got in with its range"))?;
 
-    // The health check port is taken: another Service cannot have it (Kubernetes' 500).
+    // The health check port is taken: another Service cannot have it (a 422 on the field).
     let taken = format!(
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: other\n  namespace: default\nspec:\n  type: LoadBalancer\n  \
          externalTrafficPolicy: Local\n  healthCheckNodePort: {hc}\n  ports:\n  - port: 80\n"
@@ -187,7 +187,7 @@ async fn local_load_balancer(mode: &str) -> Result<()> {
     ensure!(
         !out.ok
             && out.stderr.contains(&format!(
-                "Internal error occurred: failed to allocate requested HealthCheck NodePort {hc}: provided port is already allocated"
+                "spec.healthCheckNodePort: Invalid value: {hc}: provided port is already allocated"
             )),
         "{mode}: {out:?}"
     );

@@ -119,8 +119,8 @@ pub fn writes(
                 bm.set(off, false);
             }
         }
-        for (i, p) in claims {
-            let field = format!("spec.ports[{i}].nodePort");
+        // Take a requested port: outside the range or taken is a 422 on its field.
+        let take = |bm: &mut Bitmap, field: String, p: i64| -> ApiResult<()> {
             let Some(off) = range.offset(p) else {
                 return Err(invalid(
                     field,
@@ -132,6 +132,10 @@ pub fn writes(
                 return Err(invalid(field, json!(p), "provided port is already allocated".into()));
             }
             bm.set(off, true);
+            Ok(())
+        };
+        for (i, p) in claims {
+            take(&mut bm, format!("spec.ports[{i}].nodePort"), p)?;
         }
         for i in needing {
             let start = rand::rng().random_range(0..range.size());
@@ -143,27 +147,16 @@ pub fn writes(
                 set_at(n, &format!("/spec/ports/{i}/nodePort"), json!(range.base as i64 + off as i64));
             }
         }
-        // Kubernetes answers a health check node port it cannot take with an internal
-        // error (500), not a field error, and says so in these words.
+        // A requested health check port that is taken or outside the range is the client's
+        // error: a 422 on the field, worded as for node ports (Kubernetes answers it with a
+        // 500, which tells the user nothing they can fix).
         if let Some(p) = hc_claim {
-            let why = match range.offset(p) {
-                None => format!("provided port is not in the valid range. The range of valid ports is {text}"),
-                Some(off) if bm.get(off) => "provided port is already allocated".to_string(),
-                Some(off) => {
-                    bm.set(off, true);
-                    String::new()
-                }
-            };
-            if !why.is_empty() {
-                return Err(ApiError::internal(format!(
-                    "failed to allocate requested HealthCheck NodePort {p}: {why}"
-                )));
-            }
+            take(&mut bm, "spec.healthCheckNodePort".into(), p)?;
         } else if hc_wanted {
             let start = rand::rng().random_range(0..range.size());
-            let off = bm
-                .find_free(0, range.size(), start)
-                .ok_or_else(|| ApiError::internal("failed to allocate a HealthCheck NodePort 0: range is full"))?;
+            let off = bm.find_free(0, range.size(), start).ok_or_else(|| {
+                invalid("spec.healthCheckNodePort".into(), Value::Null, format!("range {text} is full"))
+            })?;
             bm.set(off, true);
             if let Some(n) = new.as_deref_mut() {
                 set_at(n, "/spec/healthCheckNodePort", json!(range.base as i64 + off as i64));
@@ -256,22 +249,26 @@ mod tests {
         assert_ne!(Some(hc), svc["spec"]["ports"][0]["nodePort"].as_i64(), "two ports of one range");
         let reads: Vec<Option<KeyValue>> = ops.iter().map(stored).collect();
 
-        // A second Service asking for the same port: Kubernetes' internal error.
+        // A second Service asking for the same port: a 422 on the field.
         let mut same = lb_local("b");
         same["spec"]["healthCheckNodePort"] = json!(hc);
         let err = writes(&cfg, &reads, None, Some(&mut same)).unwrap_err();
-        assert_eq!(err.code, 500);
-        assert_eq!(
-            err.message,
-            format!("Internal error occurred: failed to allocate requested HealthCheck NodePort {hc}: provided port is already allocated")
+        assert_eq!(err.code, 422);
+        assert!(
+            err.message.ends_with(&format!(
+                "spec.healthCheckNodePort: Invalid value: {hc}: provided port is already allocated"
+            )),
+            "{}",
+            err.message
         );
         let mut outside = lb_local("c");
         outside["spec"]["healthCheckNodePort"] = json!(31999);
         let err = writes(&cfg, &reads, None, Some(&mut outside)).unwrap_err();
-        assert_eq!(err.code, 500);
+        assert_eq!(err.code, 422);
         assert!(
-            err.message
-                .ends_with("31999: provided port is not in the valid range. The range of valid ports is 30000-30003"),
+            err.message.ends_with(
+                "spec.healthCheckNodePort: Invalid value: 31999: provided port is not in the valid range. The range of valid ports is 30000-30003"
+            ),
             "{}",
             err.message
         );

@@ -61,11 +61,15 @@ fn ingress_ips(svc: &Service) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Decide what a Service needs. `serves` says whether the provider serves a class.
+/// Decide what a Service needs. `serves` says whether the provider serves a class;
+/// `applied` is the hash this controller last applied for the Service, if it remembers one
+/// (the watch may still show the Service as it was before that apply wrote its status and
+/// hash: that echo is no reason to apply again).
 pub fn plan(
     svc: &Service,
     backends: &BTreeSet<String>,
     serves: impl Fn(Option<&str>) -> bool,
+    applied: Option<&str>,
 ) -> Result<Plan, model::ModelError> {
     let class = svc.spec.as_ref().and_then(|s| s.load_balancer_class.as_deref()).filter(|c| !c.is_empty());
     let want = model::wants_load_balancer(svc) && svc.metadata.deletion_timestamp.is_none() && serves(class);
@@ -74,8 +78,8 @@ pub fn plan(
         return Ok(if finalizer { Plan::Cleanup } else { Plan::Ignore });
     }
     let hash = spec_hash(svc, backends);
-    let applied = svc.metadata.annotations.as_ref().and_then(|a| a.get(HASH_ANNOTATION));
-    if finalizer && applied == Some(&hash) && !ingress_ips(svc).is_empty() {
+    let annotated = svc.metadata.annotations.as_ref().and_then(|a| a.get(HASH_ANNOTATION));
+    if finalizer && ((annotated == Some(&hash) && !ingress_ips(svc).is_empty()) || applied == Some(hash.as_str())) {
         return Ok(Plan::UpToDate);
     }
     Ok(Plan::Ensure { model: local_model(svc, backends)?, hash, add_finalizer: !finalizer })
@@ -169,6 +173,8 @@ pub struct Ctx {
     /// The backend nodes now.
     pub backends: Arc<RwLock<BTreeSet<String>>>,
     failures: Mutex<HashMap<String, u32>>,
+    /// The hash last applied, by Service UID.
+    applied: Mutex<HashMap<String, String>>,
     /// Reconcile every Service (an address was released).
     released: tokio::sync::mpsc::UnboundedSender<()>,
 }
@@ -183,10 +189,23 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = svc.metadata.namespace.clone().unwrap_or_default();
     let name = svc.metadata.name.clone().unwrap_or_default();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-    let result = match plan(&svc, &backends, serves) {
+    let uid = svc.metadata.uid.clone().unwrap_or_default();
+    let applied = ctx.applied.lock().unwrap_or_else(|e| e.into_inner()).get(&uid).cloned();
+    let result = match plan(&svc, &backends, serves, applied.as_deref()) {
         Ok(Plan::Ignore) | Ok(Plan::UpToDate) => Ok(()),
-        Ok(Plan::Ensure { model, hash, add_finalizer }) => ensure(&svc, &api, &ctx, model, hash, add_finalizer).await,
-        Ok(Plan::Cleanup) => cleanup(&svc, &api, &ctx).await,
+        Ok(Plan::Ensure { model, hash, add_finalizer }) => {
+            let r = ensure(&svc, &api, &ctx, model, hash.clone(), add_finalizer).await;
+            let mut applied = ctx.applied.lock().unwrap_or_else(|e| e.into_inner());
+            match &r {
+                Ok(()) => applied.insert(uid, hash),
+                Err(_) => applied.remove(&uid),
+            };
+            r
+        }
+        Ok(Plan::Cleanup) => {
+            ctx.applied.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid);
+            cleanup(&svc, &api, &ctx).await
+        }
         Err(e) => {
             ctx.recorder.event(
                 svc.as_ref(),
@@ -378,6 +397,7 @@ pub async fn run(client: kube::Client, provider: Arc<dyn LoadBalancers>, recorde
         recorder,
         backends,
         failures: Mutex::default(),
+        applied: Mutex::default(),
         released: trigger,
     });
     Controller::new(Api::<Service>::all(client), watcher::Config::default())
@@ -419,35 +439,42 @@ mod tests {
     #[test]
     fn plans() {
         let s = web();
-        let Plan::Ensure { hash, add_finalizer: true, .. } = plan(&s, &nodes(), classless).unwrap() else {
+        let Plan::Ensure { hash, add_finalizer: true, .. } = plan(&s, &nodes(), classless, None).unwrap() else {
             panic!("a new LoadBalancer Service is ensured, finalizer first")
         };
         let mut applied = s.clone();
         applied.metadata.finalizers = Some(vec![FINALIZER.into()]);
         applied.metadata.annotations = Some([(HASH_ANNOTATION.to_string(), hash.clone())].into());
         assert!(
-            matches!(plan(&applied, &nodes(), classless).unwrap(), Plan::Ensure { add_finalizer: false, .. }),
+            matches!(plan(&applied, &nodes(), classless, None).unwrap(), Plan::Ensure { add_finalizer: false, .. }),
             "no address yet"
         );
         applied.status =
             Some(serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "10.255.0.1"}]}})).unwrap());
-        assert_eq!(plan(&applied, &nodes(), classless).unwrap(), Plan::UpToDate);
+        assert_eq!(plan(&applied, &nodes(), classless, None).unwrap(), Plan::UpToDate);
+        // The watch's echo of this controller's own finalizer write, before it shows the
+        // status and hash that apply wrote: remembered as applied, so nothing to do.
+        let mut echo = s.clone();
+        echo.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        assert!(matches!(plan(&echo, &nodes(), classless, None).unwrap(), Plan::Ensure { .. }));
+        assert_eq!(plan(&echo, &nodes(), classless, Some(&hash)).unwrap(), Plan::UpToDate);
+        assert!(matches!(plan(&echo, &nodes(), classless, Some("older")).unwrap(), Plan::Ensure { .. }));
         let more: BTreeSet<String> = ["n1".to_string(), "n2".to_string()].into();
-        assert!(matches!(plan(&applied, &more, classless).unwrap(), Plan::Ensure { .. }), "new backends");
+        assert!(matches!(plan(&applied, &more, classless, None).unwrap(), Plan::Ensure { .. }), "new backends");
 
         let mut to_cluster_ip = applied.clone();
         to_cluster_ip.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
-        assert_eq!(plan(&to_cluster_ip, &nodes(), classless).unwrap(), Plan::Cleanup);
+        assert_eq!(plan(&to_cluster_ip, &nodes(), classless, None).unwrap(), Plan::Cleanup);
         let mut deleted = applied.clone();
         deleted.metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        assert_eq!(plan(&deleted, &nodes(), classless).unwrap(), Plan::Cleanup);
+        assert_eq!(plan(&deleted, &nodes(), classless, None).unwrap(), Plan::Cleanup);
         let mut other_class = s.clone();
         other_class.spec.as_mut().unwrap().load_balancer_class = Some("example.com/other".into());
-        assert_eq!(plan(&other_class, &nodes(), classless).unwrap(), Plan::Ignore, "someone else's class");
+        assert_eq!(plan(&other_class, &nodes(), classless, None).unwrap(), Plan::Ignore, "someone else's class");
         let mut plain = s.clone();
         plain.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
-        assert_eq!(plan(&plain, &nodes(), classless).unwrap(), Plan::Ignore);
+        assert_eq!(plan(&plain, &nodes(), classless, None).unwrap(), Plan::Ignore);
     }
 
     fn model_of(s: &Service) -> LoadBalancer {

@@ -85,9 +85,14 @@ async fn bench() -> Result<()> {
     let (p50, p99) = percentiles(&assigned, n, "load balancers").await.with_context(|| ccm.log())?;
     let all = t0.elapsed().as_secs_f64();
     let calls = ccm.metric_sum("cloudprovider_api_requests_total", &[]);
+    let cpu = ccm.cpu_seconds().unwrap_or(f64::NAN);
+    if std::env::var("MINIK8S_BENCH_LOG").is_ok() {
+        eprintln!("{}", ccm.log());
+    }
     println!(
         "BENCH load_balancers {n} LoadBalancer Services create -> EXTERNAL-IP (--concurrent-service-syncs={syncs}): \
-         p50 {p50:.0} ms, p99 {p99:.0} ms, all after {all:.1}s, {calls} provider calls ({:.1} per Service); \
+         p50 {p50:.0} ms, p99 {p99:.0} ms, all after {all:.1}s, {calls} provider calls ({:.1} per Service), \
+         controller CPU {cpu:.1}s; \
          baseline {n} ClusterIP Services create -> watched: p50 {b50:.0} ms, p99 {b99:.0} ms; ratio p50 {:.1}x, p99 {:.1}x",
         calls / n as f64,
         p50 / b50.max(0.001),

@@ -165,11 +165,18 @@ pub fn allocate(pools: &[Pool], lb: &LoadBalancer, used: &BTreeMap<Ipv4Addr, Str
         .ok_or(CloudError::PoolExhausted { pool: pool.name.clone(), size: pool.size() })
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct StateFile {
     #[serde(default)]
     load_balancers: BTreeMap<String, Remote>,
+}
+
+/// [`StateFile`] as it is written.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StateRef<'a> {
+    load_balancers: &'a BTreeMap<String, Remote>,
 }
 
 /// The local provider.
@@ -217,19 +224,39 @@ impl Local {
         }))
     }
 
-    fn persist(&self, lbs: &BTreeMap<String, Remote>) -> Result<(), CloudError> {
-        let body = serde_json::to_vec_pretty(&StateFile { load_balancers: lbs.clone() })
-            .map_err(|e| CloudError::Failed(e.to_string()))?;
-        write_atomic(&self.state_file, &body)
-            .map_err(|e| CloudError::Failed(format!("writing {}: {e:#}", self.state_file.display())))
+    /// Set (or with None remove) one balancer and write the state; on a failed write the
+    /// balancer is as it was. Returns what it was.
+    fn commit(
+        &self,
+        lbs: &mut BTreeMap<String, Remote>,
+        name: &str,
+        new: Option<Remote>,
+    ) -> Result<Option<Remote>, CloudError> {
+        let old = match new {
+            Some(r) => lbs.insert(name.to_string(), r),
+            None => lbs.remove(name),
+        };
+        let written = serde_json::to_vec(&StateRef { load_balancers: lbs })
+            .map_err(|e| CloudError::Failed(e.to_string()))
+            .and_then(|body| {
+                write_atomic(&self.state_file, &body)
+                    .map_err(|e| CloudError::Failed(format!("writing {}: {e:#}", self.state_file.display())))
+            });
+        if let Err(e) = written {
+            match &old {
+                Some(o) => lbs.insert(name.to_string(), o.clone()),
+                None => lbs.remove(name),
+            };
+            return Err(e);
+        }
+        Ok(old)
     }
 
     async fn change(&self, name: &str, f: impl FnOnce(&mut Remote)) -> Result<(), CloudError> {
         let mut lbs = self.lbs.lock().await;
-        let mut next = lbs.clone();
-        f(next.get_mut(name).ok_or_else(|| CloudError::NotFound(name.to_string()))?);
-        self.persist(&next)?;
-        *lbs = next;
+        let mut r = lbs.get(name).cloned().ok_or_else(|| CloudError::NotFound(name.to_string()))?;
+        f(&mut r);
+        self.commit(&mut lbs, name, Some(r))?;
         Ok(())
     }
 }
@@ -261,11 +288,8 @@ impl LoadBalancers for Local {
             lbs.values().filter(|r| r.name != lb.name).map(|r| (r.address, r.service.clone())).collect();
         let address = allocate(&self.pools, lb, &used)?;
         let r = Remote::empty(lb, address);
-        let mut next = lbs.clone();
-        let old = next.insert(lb.name.clone(), r.clone());
         // Kept before it is announced: a crash in between leaves an address the next start announces.
-        self.persist(&next)?;
-        *lbs = next;
+        let old = self.commit(&mut lbs, &lb.name, Some(r.clone()))?;
         if !self.interface.is_empty() {
             if let Some(old) = old.filter(|o| o.address != address) {
                 announce::del(&self.interface, old.address).await.map_err(|e| CloudError::Failed(format!("{e:#}")))?;
@@ -304,10 +328,7 @@ impl LoadBalancers for Local {
         if !self.interface.is_empty() {
             announce::del(&self.interface, r.address).await.map_err(|e| CloudError::Failed(format!("{e:#}")))?;
         }
-        let mut next = lbs.clone();
-        next.remove(name);
-        self.persist(&next)?;
-        *lbs = next;
+        self.commit(&mut lbs, name, None)?;
         Ok(())
     }
 }

@@ -119,6 +119,16 @@ impl Store for MeteredStore {
         self.observe("range", t, &r);
         r
     }
+    /// Forwarded, not left to the trait's default (a range over the key as a prefix): a
+    /// backend's own `get` reads only the newest revision, where the range reads every
+    /// revision still kept (a Service update reads the allocation bitmaps this way, and each
+    /// Service created adds a revision of them).
+    async fn get(&self, key: &str) -> storage::Result<(Revision, Option<storage::KeyValue>)> {
+        let t = Instant::now();
+        let r = self.inner.get(key).await;
+        self.observe("get", t, &r);
+        r
+    }
     async fn txn(&self, txn: Txn) -> storage::Result<TxnOutcome> {
         let t = Instant::now();
         let r = self.inner.txn(txn).await;
@@ -152,5 +162,52 @@ impl Store for MeteredStore {
         let r = self.inner.compacted_revision().await;
         self.observe("compacted_revision", t, &r);
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A store that counts its range reads.
+    struct Counting(Arc<dyn Store>, AtomicUsize);
+
+    #[async_trait]
+    impl Store for Counting {
+        async fn current_revision(&self) -> storage::Result<Revision> {
+            self.0.current_revision().await
+        }
+        async fn range(&self, range: Range) -> storage::Result<RangeResult> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.range(range).await
+        }
+        async fn get(&self, key: &str) -> storage::Result<(Revision, Option<storage::KeyValue>)> {
+            self.0.get(key).await
+        }
+        async fn txn(&self, txn: Txn) -> storage::Result<TxnOutcome> {
+            self.0.txn(txn).await
+        }
+        async fn watch(&self, prefix: &str, after_revision: Revision) -> storage::Result<storage::WatchStream> {
+            self.0.watch(prefix, after_revision).await
+        }
+        async fn compact(&self, revision: Revision) -> storage::Result<()> {
+            self.0.compact(revision).await
+        }
+        async fn compacted_revision(&self) -> storage::Result<Revision> {
+            self.0.compacted_revision().await
+        }
+    }
+
+    #[tokio::test]
+    async fn get_goes_to_the_backend_s_own_get_not_a_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite: Arc<dyn Store> = Arc::new(storage::embedded::SqliteStore::open(dir.path().join("db")).unwrap());
+        let counting = Arc::new(Counting(sqlite, AtomicUsize::new(0)));
+        let metered = MeteredStore::new(counting.clone(), Metrics::new());
+        metered.create("/k", bytes::Bytes::from_static(b"v")).await.unwrap();
+        let (_, kv) = metered.get("/k").await.unwrap();
+        assert_eq!(kv.unwrap().value.as_ref(), b"v");
+        assert_eq!(counting.1.load(Ordering::SeqCst), 0, "no range read for a get");
     }
 }

@@ -120,9 +120,9 @@ pub fn wants_load_balancer(svc: &Service) -> bool {
 }
 
 /// The nodes that may be backends: not being deleted and not excluded by label.
-pub fn eligible_nodes(nodes: &[Node]) -> BTreeSet<String> {
+pub fn eligible_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> BTreeSet<String> {
     nodes
-        .iter()
+        .into_iter()
         .filter(|n| n.metadata.deletion_timestamp.is_none())
         .filter(|n| n.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(EXCLUDE_LABEL)))
         .filter_map(|n| n.metadata.name.clone())

@@ -345,11 +345,12 @@ fn error_policy(svc: Arc<Service>, e: &Error, ctx: Arc<Ctx>) -> Action {
 pub async fn run(client: kube::Client, provider: Arc<dyn LoadBalancers>, recorder: Recorder, concurrency: u16) {
     let backends = Arc::new(RwLock::new(BTreeSet::new()));
     let (trigger, triggers) = tokio::sync::mpsc::unbounded_channel::<()>();
-    // The backend nodes: the Services are reconciled again whenever the set changes.
+    // The backend nodes: the Services are reconciled again whenever the set changes. Every
+    // watch event counts (a deletion too), and the set is read from the reflector's store.
     let (store, writer) = reflector::store::<Node>();
     let nodes = reflector::reflector(writer, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
+        .default_backoff();
+    let eligible = |s: &reflector::Store<Node>| model::eligible_nodes(s.state().iter().map(|n| n.as_ref()));
     let (b, t, s) = (backends.clone(), trigger.clone(), store.clone());
     tokio::spawn(async move {
         futures::pin_mut!(nodes);
@@ -358,28 +359,9 @@ pub async fn run(client: kube::Client, provider: Arc<dyn LoadBalancers>, recorde
                 tracing::warn!(error = %e, "watching nodes");
                 continue;
             }
-            let now = model::eligible_nodes(&s.state().iter().map(|n| (**n).clone()).collect::<Vec<_>>());
-            let changed = {
-                let mut cur = b.write().unwrap_or_else(|e| e.into_inner());
-                let changed = *cur != now;
-                *cur = now;
-                changed
-            };
+            let now = eligible(&s);
+            let changed = std::mem::replace(&mut *b.write().unwrap_or_else(|e| e.into_inner()), now.clone()) != now;
             if changed {
-                let _ = t.send(());
-            }
-        }
-    });
-    // Deletions show up only as a changed store, not as touched objects: look every few
-    // seconds as well.
-    let (b, t, s) = (backends.clone(), trigger.clone(), store.clone());
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            let now = model::eligible_nodes(&s.state().iter().map(|n| (**n).clone()).collect::<Vec<_>>());
-            let changed = *b.read().unwrap_or_else(|e| e.into_inner()) != now;
-            if changed {
-                *b.write().unwrap_or_else(|e| e.into_inner()) = now;
                 let _ = t.send(());
             }
         }
@@ -388,8 +370,7 @@ pub async fn run(client: kube::Client, provider: Arc<dyn LoadBalancers>, recorde
         tracing::error!("the node watch ended before it listed the nodes");
         return;
     }
-    *backends.write().unwrap_or_else(|e| e.into_inner()) =
-        model::eligible_nodes(&store.state().iter().map(|n| (**n).clone()).collect::<Vec<_>>());
+    *backends.write().unwrap_or_else(|e| e.into_inner()) = eligible(&store);
     collect_orphans(&client, provider.as_ref()).await;
     let ctx = Arc::new(Ctx {
         client: client.clone(),

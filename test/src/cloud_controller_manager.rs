@@ -8,23 +8,11 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
 
-/// Build `cloud-controller-manager` once per test process (`MINIK8S_CCM_BIN` overrides).
+/// `cloud-controller-manager`, built once per test process (`MINIK8S_CCM_BIN` overrides).
 pub fn ccm_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("MINIK8S_CCM_BIN") {
-            return PathBuf::from(p);
-        }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let status = crate::cargo_command()
-            .args(["build", "-q", "-p", "cloud-controller-manager", "--bin", "cloud-controller-manager"])
-            .current_dir(&root)
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run cargo build -p cloud-controller-manager: {e}"));
-        assert!(status.success(), "cargo build -p cloud-controller-manager failed");
-        crate::target_dir().join("debug").join("cloud-controller-manager")
-    })
-    .clone()
+    BIN.get_or_init(|| crate::workspace_bin("cloud-controller-manager", "cloud-controller-manager", "MINIK8S_CCM_BIN"))
+        .clone()
 }
 
 /// A running cloud-controller-manager.

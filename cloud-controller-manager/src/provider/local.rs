@@ -447,18 +447,14 @@ mod announce {
         Ok(out)
     }
 
-    pub async fn add(name: &str, ip: Ipv4Addr) -> anyhow::Result<()> {
-        let h = connect()?;
-        let idx = link(&h, name).await?;
+    async fn add_on(h: &Handle, idx: u32, name: &str, ip: Ipv4Addr) -> anyhow::Result<()> {
         let mut req = h.address().add(idx, IpAddr::V4(ip), 32).replace();
         req.message_mut().attributes.push(AddressAttribute::Label(label(name)));
         req.execute().await.with_context(|| format!("adding {ip} to {name}"))
     }
 
-    pub async fn del(name: &str, ip: Ipv4Addr) -> anyhow::Result<()> {
-        let h = connect()?;
-        let idx = link(&h, name).await?;
-        for m in ours(&h, idx, &label(name)).await? {
+    async fn del_on(h: &Handle, idx: u32, name: &str, ip: Ipv4Addr) -> anyhow::Result<()> {
+        for m in ours(h, idx, &label(name)).await? {
             if address_of(&m) == Some(ip) {
                 match h.address().del(m).execute().await {
                     Err(e) if errno(&e) != Some(libc::EADDRNOTAVAIL) => {
@@ -469,6 +465,18 @@ mod announce {
             }
         }
         Ok(())
+    }
+
+    pub async fn add(name: &str, ip: Ipv4Addr) -> anyhow::Result<()> {
+        let h = connect()?;
+        let idx = link(&h, name).await?;
+        add_on(&h, idx, name, ip).await
+    }
+
+    pub async fn del(name: &str, ip: Ipv4Addr) -> anyhow::Result<()> {
+        let h = connect()?;
+        let idx = link(&h, name).await?;
+        del_on(&h, idx, name, ip).await
     }
 
     /// Make the link hold exactly `want` of our addresses in `pools` (another cluster's
@@ -483,10 +491,10 @@ mod announce {
             .filter(|ip| pools.iter().any(|p| p.contains(*ip)))
             .collect();
         for ip in have.difference(want) {
-            del(name, *ip).await?;
+            del_on(&h, idx, name, *ip).await?;
         }
         for ip in want.difference(&have) {
-            add(name, *ip).await?;
+            add_on(&h, idx, name, *ip).await?;
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! - [`client`]: a `kube::Client` from the usual `--kubeconfig` / `--server` flags;
 //! - [`init_tracing`]: `tracing` logs with a `-v`-style level or `RUST_LOG`;
 //! - [`serve_health`]: `/healthz`, `/readyz` and Prometheus `/metrics` on one port;
+//! - [`exposition`]: the Prometheus text format for series computed at scrape time;
 //! - [`leader`]: leader election over a `coordination.k8s.io/v1` Lease;
 //! - [`events`]: core/v1 Events, written in the background;
 //! - [`memory`]: freed heap pages returned to the system now and then;
@@ -11,6 +12,7 @@
 //!   port) and the TLS client configuration of the apiserver's calls to kubelets.
 
 pub mod events;
+pub mod exposition;
 pub mod leader;
 pub mod lock;
 pub mod memory;

@@ -45,9 +45,37 @@ pub fn parse_proc_cgroup(text: &str) -> Paths {
 pub struct Reading {
     /// Cumulative CPU time, nanoseconds.
     pub cpu_ns: u64,
+    /// Cumulative CPU time in user and in kernel mode, nanoseconds.
+    pub cpu_user_ns: u64,
+    pub cpu_system_ns: u64,
     pub usage_bytes: u64,
     /// Usage minus inactive file pages (what Kubernetes reports and evicts on).
     pub working_set_bytes: u64,
+    /// Anonymous memory (v1 `total_rss`, v2 `anon`) and page cache (`total_cache`, `file`).
+    pub rss_bytes: u64,
+    pub cache_bytes: u64,
+    /// The memory limit; 0 when there is none (cAdvisor's convention).
+    pub limit_bytes: u64,
+}
+
+/// The kernel's clock ticks per second, the unit of v1's `cpuacct.stat` (`USER_HZ`,
+/// 100 on every Linux architecture Docker runs on).
+const USER_HZ: u64 = 100;
+
+/// A memory limit file's value as a limit: `max` (v2) and the v1 "unlimited" value (the
+/// largest page-aligned 63-bit number) are no limit.
+pub fn limit(text: &str) -> u64 {
+    match text.trim().parse::<u64>() {
+        Ok(v) if v < (1 << 62) => v,
+        _ => 0,
+    }
+}
+
+/// The parts of a reading that come from `memory.stat`.
+fn memory_parts(usage: u64, stat: &str) -> (u64, u64, u64) {
+    let rss = stat_field(stat, "total_rss").or_else(|| stat_field(stat, "anon")).unwrap_or(0);
+    let cache = stat_field(stat, "total_cache").or_else(|| stat_field(stat, "file")).unwrap_or(0);
+    (working_set(usage, stat), rss, cache)
 }
 
 /// A `key value` line of `memory.stat` / `cpu.stat`.
@@ -88,10 +116,18 @@ pub fn read(root: &Path, pid: i64) -> Option<Reading> {
             let mem_dir = under(&root.join("memory"), mem);
             let usage = read_u64(mem_dir.join("memory.usage_in_bytes"))?;
             let stat = std::fs::read_to_string(mem_dir.join("memory.stat")).unwrap_or_default();
+            let (working_set_bytes, rss_bytes, cache_bytes) = memory_parts(usage, &stat);
+            let ticks = std::fs::read_to_string(cpu_dir.join("cpuacct.stat")).unwrap_or_default();
+            let to_ns = |key| stat_field(&ticks, key).unwrap_or(0) * (1_000_000_000 / USER_HZ);
             return Some(Reading {
                 cpu_ns: read_u64(cpu_dir.join("cpuacct.usage"))?,
+                cpu_user_ns: to_ns("user"),
+                cpu_system_ns: to_ns("system"),
                 usage_bytes: usage,
-                working_set_bytes: working_set(usage, &stat),
+                working_set_bytes,
+                rss_bytes,
+                cache_bytes,
+                limit_bytes: std::fs::read_to_string(mem_dir.join("memory.limit_in_bytes")).map_or(0, |t| limit(&t)),
             });
         }
     }
@@ -99,11 +135,24 @@ pub fn read(root: &Path, pid: i64) -> Option<Reading> {
     let cpu = std::fs::read_to_string(dir.join("cpu.stat")).ok()?;
     let usage = read_u64(dir.join("memory.current"))?;
     let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+    let (working_set_bytes, rss_bytes, cache_bytes) = memory_parts(usage, &stat);
     Some(Reading {
         cpu_ns: stat_field(&cpu, "usage_usec")? * 1000,
+        cpu_user_ns: stat_field(&cpu, "user_usec").unwrap_or(0) * 1000,
+        cpu_system_ns: stat_field(&cpu, "system_usec").unwrap_or(0) * 1000,
         usage_bytes: usage,
-        working_set_bytes: working_set(usage, &stat),
+        working_set_bytes,
+        rss_bytes,
+        cache_bytes,
+        limit_bytes: std::fs::read_to_string(dir.join("memory.max")).map_or(0, |t| limit(&t)),
     })
+}
+
+/// The cgroup a process's counters are read from, as cAdvisor names containers (its `id`
+/// label): the v1 memory hierarchy's path, else the v2 path.
+pub fn name_of(pid: i64) -> Option<String> {
+    let paths = parse_proc_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?);
+    paths.memory.or(paths.unified)
 }
 
 #[cfg(test)]
@@ -126,5 +175,29 @@ mod tests {
         assert_eq!(working_set(1000, "anon 5\ninactive_file 400\n"), 600);
         assert_eq!(working_set(100, "inactive_file 400\n"), 0);
         assert_eq!(stat_field("usage_usec 1234\nuser_usec 1000\n", "usage_usec"), Some(1234));
+    }
+
+    #[test]
+    fn memory_limits_and_parts() {
+        assert_eq!(limit("max\n"), 0);
+        assert_eq!(limit("9223372036854771712\n"), 0);
+        assert_eq!(limit("134217728\n"), 134_217_728);
+        // v1 reports the hierarchy's totals, v2 the cgroup's own counters.
+        assert_eq!(
+            memory_parts(1000, "rss 1\ncache 2\ntotal_rss 600\ntotal_cache 300\ntotal_inactive_file 100\n"),
+            (900, 600, 300)
+        );
+        assert_eq!(memory_parts(1000, "anon 500\nfile 400\ninactive_file 200\n"), (800, 500, 400));
+    }
+
+    /// This machine's own processes read as a container would be (whatever its cgroup
+    /// version): CPU and memory counters that are plausible, and a cgroup name.
+    #[test]
+    fn reads_this_process() {
+        let pid = std::process::id() as i64;
+        let r = read(Path::new("/sys/fs/cgroup"), pid).expect("this process's cgroup counters");
+        assert!(r.cpu_ns > 0 && r.usage_bytes > 0 && r.working_set_bytes <= r.usage_bytes, "{r:?}");
+        assert!(r.cpu_user_ns + r.cpu_system_ns > 0, "{r:?}");
+        assert!(name_of(pid).is_some_and(|n| n.starts_with('/')));
     }
 }

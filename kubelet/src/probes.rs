@@ -33,6 +33,36 @@ pub struct Results {
 
 pub type ResultMap = Arc<Mutex<HashMap<String, Results>>>;
 
+impl ProbeKind {
+    /// The `probe_type` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            ProbeKind::Liveness => "Liveness",
+            ProbeKind::Readiness => "Readiness",
+            ProbeKind::Startup => "Startup",
+        }
+    }
+}
+
+/// Where one pod's probe outcomes are counted (`/metrics/probes`).
+#[derive(Clone)]
+pub struct Recorder {
+    pub total: prometheus::IntCounterVec,
+    pub seconds: prometheus::HistogramVec,
+    pub namespace: String,
+    pub pod: String,
+    pub pod_uid: String,
+}
+
+impl Recorder {
+    fn record(&self, kind: ProbeKind, container: &str, ok: bool, elapsed: Duration) {
+        let result = if ok { "successful" } else { "failed" };
+        let (ns, pod, uid) = (self.namespace.as_str(), self.pod.as_str(), self.pod_uid.as_str());
+        self.total.with_label_values(&[kind.label(), result, container, pod, ns, uid]).inc();
+        self.seconds.with_label_values(&[kind.label(), container, pod, ns]).observe(elapsed.as_secs_f64());
+    }
+}
+
 /// Timing of a probe with Kubernetes' defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timing {
@@ -227,6 +257,7 @@ pub fn start(
     c: Container,
     ip: String,
     wake: Arc<dyn Fn() + Send + Sync>,
+    recorder: Recorder,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     if let Ok(mut m) = results.lock() {
         m.entry(container_id.clone()).or_default();
@@ -240,8 +271,8 @@ pub fn start(
         (ProbeKind::Readiness, c.readiness_probe.clone()),
     ] {
         let Some(probe) = probe else { continue };
-        let (rt, results, id, c, ip, wake) =
-            (rt.clone(), results.clone(), container_id.clone(), c.clone(), ip.clone(), wake.clone());
+        let (rt, results, id, c, ip, wake, recorder) =
+            (rt.clone(), results.clone(), container_id.clone(), c.clone(), ip.clone(), wake.clone(), recorder.clone());
         out.push(tokio::spawn(async move {
             let t = timing(&probe);
             let has_startup = c.startup_probe.is_some();
@@ -254,7 +285,9 @@ pub fn start(
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 }
+                let began = std::time::Instant::now();
                 let ok = run_once(&rt, &id, &c, &probe, &ip, t.timeout).await.unwrap_or(false);
+                recorder.record(kind, &c.name, ok, began.elapsed());
                 let before = result;
                 (result, succ, fail) = step(result, ok, succ, fail, &t);
                 if result != before {

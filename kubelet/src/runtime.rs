@@ -59,6 +59,11 @@ pub struct ContainerRecord {
     pub image_id: String,
     pub pid: i64,
     pub labels: HashMap<String, String>,
+    /// Docker's name of the container (cAdvisor's `name` label).
+    pub docker_name: String,
+    /// The container's writable layer (overlay's upper directory), whose size is its
+    /// filesystem usage.
+    pub upper_dir: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -117,6 +122,8 @@ pub fn record_from_inspect(c: &ContainerInspectResponse) -> Option<ContainerReco
         image_id: c.image.clone().unwrap_or_default(),
         pid: st.pid.unwrap_or_default(),
         labels,
+        docker_name: c.name.as_deref().unwrap_or_default().trim_start_matches('/').to_string(),
+        upper_dir: c.graph_driver.as_ref().and_then(|g| g.data.get("UpperDir").cloned()),
     })
 }
 

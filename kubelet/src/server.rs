@@ -1,4 +1,6 @@
-//! The kubelet's HTTPS server on `--port`: `/healthz`, `/metrics`, and
+//! The kubelet's HTTPS server on `--port`: `/healthz`, `/metrics` (its own),
+//! `/metrics/cadvisor`, `/metrics/resource` and `/metrics/probes` (containers and probes,
+//! [`crate::cadvisor`]), and
 //! `/containerLogs/<namespace>/<pod>/<container>` (query: follow, tailLines, previous,
 //! timestamps, sinceSeconds, limitBytes) as the apiserver's `pods/log` proxy expects, and
 //! `/stats/summary` (CPU and memory per container), and the streaming endpoints of
@@ -58,6 +60,9 @@ pub async fn serve(
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
+        .route("/metrics/cadvisor", get(cadvisor))
+        .route("/metrics/resource", get(resource))
+        .route("/metrics/probes", get(probes))
         .route("/containerLogs/{ns}/{pod}/{container}", get(logs))
         .route("/stats/summary", get(summary))
         .merge(crate::streaming::routes())
@@ -120,6 +125,48 @@ async fn metrics(State(k): State<Arc<Kubelet>>) -> Response {
     match prometheus::TextEncoder::new().encode(&families, &mut body) {
         Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn probes(State(k): State<Arc<Kubelet>>) -> Response {
+    use prometheus::Encoder;
+    let mut body = Vec::new();
+    match prometheus::TextEncoder::new().encode(&k.metrics.probes.gather(), &mut body) {
+        Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// The machine's size for `machine_*`.
+fn machine() -> crate::cadvisor::Machine {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    crate::cadvisor::Machine {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+        memory_bytes: crate::stats::meminfo_bytes(&meminfo, "MemTotal"),
+    }
+}
+
+async fn cadvisor(State(k): State<Arc<Kubelet>>) -> Response {
+    match crate::stats::samples(&k.rt, &k.stats).await {
+        Ok((containers, pods)) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, common::exposition::CONTENT_TYPE)],
+            crate::cadvisor::render(&containers, &pods, machine()),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response(),
+    }
+}
+
+async fn resource(State(k): State<Arc<Kubelet>>) -> Response {
+    match crate::stats::samples(&k.rt, &k.stats).await {
+        Ok((containers, _)) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, common::exposition::CONTENT_TYPE)],
+            crate::cadvisor::render_resource(&containers, &crate::stats::node_reading()),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response(),
     }
 }
 

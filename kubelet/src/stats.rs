@@ -16,7 +16,9 @@ use jiff::Timestamp;
 use serde_json::{json, Value};
 
 use crate::cgroups::{self, Reading};
+use crate::fsusage;
 use crate::labels::Kind;
+use crate::netstats::{self, Interface};
 use crate::runtime::{ContainerRecord, ContainerStats, Runtime, State};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -71,10 +73,33 @@ pub fn cpu_rate(prev: Option<&Entry>, cur_ns: u64, now: Timestamp, started: Opti
     ((cur_ns - from_ns) as u128 * 1_000_000_000 / elapsed) as u64
 }
 
+/// How often a container's writable layer is measured (a directory walk, not a counter).
+const FS_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The filesystem usage of one container's writable layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FsUsage {
+    pub device: String,
+    pub bytes: u64,
+    pub at: Timestamp,
+}
+
+/// A pod's network counters, read through its sandbox.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Network {
+    pub interfaces: Vec<Interface>,
+    pub at: Timestamp,
+}
+
 /// The samples of this node's running containers, by container ID.
 #[derive(Default)]
 pub struct Cache {
     entries: Mutex<HashMap<String, Entry>>,
+    /// By container ID: the cgroup name (cAdvisor's `id` label), read once.
+    cgroups: Mutex<HashMap<String, String>>,
+    fs: Mutex<HashMap<String, FsUsage>>,
+    /// By sandbox container ID.
+    network: Mutex<HashMap<String, Network>>,
 }
 
 fn started(r: &ContainerRecord) -> Option<Timestamp> {
@@ -101,6 +126,54 @@ impl Cache {
         }
     }
 
+    /// Sample what only the Prometheus endpoints report: the running sandboxes' network
+    /// counters, each running container's cgroup name (once) and, at most every
+    /// [`FS_INTERVAL`], its writable layer's size.
+    pub fn refresh_extra(&self, running: &[&ContainerRecord], sandboxes: &[&ContainerRecord], now: Timestamp) {
+        let network: HashMap<String, Network> =
+            sandboxes.iter().map(|r| (r.id.clone(), Network { interfaces: netstats::read(r.pid), at: now })).collect();
+        if let Ok(mut n) = self.network.lock() {
+            *n = network;
+        }
+        if let Ok(mut names) = self.cgroups.lock() {
+            names.retain(|id, _| running.iter().chain(sandboxes).any(|r| &r.id == id));
+            for r in running.iter().chain(sandboxes) {
+                if !names.contains_key(&r.id) {
+                    if let Some(name) = cgroups::name_of(r.pid) {
+                        names.insert(r.id.clone(), name);
+                    }
+                }
+            }
+        }
+        let due: Vec<&ContainerRecord> = {
+            let Ok(mut fs) = self.fs.lock() else { return };
+            fs.retain(|id, _| running.iter().any(|r| &r.id == id));
+            running
+                .iter()
+                .filter(|r| r.upper_dir.is_some())
+                .filter(|r| {
+                    fs.get(&r.id).is_none_or(|u| now.duration_since(u.at).as_secs_f64() >= FS_INTERVAL.as_secs_f64())
+                })
+                .copied()
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let measured: Vec<(String, FsUsage)> = due
+            .iter()
+            .filter_map(|r| {
+                let dir = r.upper_dir.as_deref()?;
+                let device = fsusage::device_of(&mounts, dir).unwrap_or_default();
+                Some((r.id.clone(), FsUsage { device, bytes: fsusage::disk_usage(Path::new(dir)), at: now }))
+            })
+            .collect();
+        if let Ok(mut fs) = self.fs.lock() {
+            fs.extend(measured);
+        }
+    }
+
     /// Add one container that has no sample yet.
     fn refresh_one(&self, r: &ContainerRecord) {
         let Some(reading) = cgroups::read(Path::new(CGROUP_ROOT), r.pid) else { return };
@@ -114,20 +187,46 @@ impl Cache {
     pub fn get(&self, id: &str) -> Option<Entry> {
         self.entries.lock().ok().and_then(|e| e.get(id).copied())
     }
+
+    pub fn cgroup(&self, id: &str) -> Option<String> {
+        self.cgroups.lock().ok().and_then(|e| e.get(id).cloned())
+    }
+
+    pub fn fs(&self, id: &str) -> Option<FsUsage> {
+        self.fs.lock().ok().and_then(|e| e.get(id).cloned())
+    }
+
+    pub fn network(&self, sandbox_id: &str) -> Option<Network> {
+        self.network.lock().ok().and_then(|e| e.get(sandbox_id).cloned())
+    }
 }
 
 fn running_apps(records: &[ContainerRecord]) -> Vec<&ContainerRecord> {
     records.iter().filter(|r| r.state == State::Running && r.kind == Kind::App).collect()
 }
 
-/// Sample every running container each `interval` (cAdvisor's housekeeping).
+fn running_sandboxes(records: &[ContainerRecord]) -> Vec<&ContainerRecord> {
+    records.iter().filter(|r| r.state == State::Running && r.kind == Kind::Sandbox).collect()
+}
+
+/// Sample every running container each `interval` (cAdvisor's housekeeping). The file
+/// reads run on the blocking pool.
 pub async fn housekeeping(rt: Arc<Runtime>, cache: Arc<Cache>, interval: Duration) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         match rt.list(None).await {
-            Ok(records) => cache.refresh(&running_apps(&records), Timestamp::now()),
+            Ok(records) => {
+                let cache = cache.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    let now = Timestamp::now();
+                    let (apps, sandboxes) = (running_apps(&records), running_sandboxes(&records));
+                    cache.refresh(&apps, now);
+                    cache.refresh_extra(&apps, &sandboxes, now);
+                })
+                .await;
+            }
             Err(e) => tracing::debug!(error = %format!("{e:#}"), "housekeeping: listing containers failed"),
         }
     }
@@ -183,24 +282,132 @@ pub async fn summary(rt: &Runtime, cache: &Cache, node: &str) -> anyhow::Result<
             })
         })
         .collect();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let field = |name: &str| -> u64 {
-        meminfo
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
-    let (total, avail) = (field("MemTotal:"), field("MemAvailable:"));
+    let n = node_reading();
     Ok(json!({
         "node": {
             "nodeName": node,
-            "memory": {"time": now, "availableBytes": avail, "usageBytes": total - avail.min(total), "workingSetBytes": total - avail.min(total)},
+            "memory": {"time": now, "availableBytes": n.memory_available, "usageBytes": n.working_set_bytes(), "workingSetBytes": n.working_set_bytes()},
         },
         "pods": pods,
     }))
+}
+
+/// The node's own CPU and memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NodeReading {
+    /// CPU time every process of the machine used (not idle, not waiting), nanoseconds.
+    pub cpu_ns: u64,
+    pub memory_total: u64,
+    pub memory_available: u64,
+    pub at: Timestamp,
+}
+
+impl NodeReading {
+    /// Memory in use: what is not available (the summary's and `kubectl top node`'s number).
+    pub fn working_set_bytes(&self) -> u64 {
+        self.memory_total.saturating_sub(self.memory_available)
+    }
+}
+
+/// The busy CPU time of the first line of `/proc/stat` (user, nice, system, irq, softirq,
+/// steal; in `USER_HZ` ticks), in nanoseconds.
+pub fn proc_stat_busy_ns(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    Some((at(0) + at(1) + at(2) + at(5) + at(6) + at(7)) * 10_000_000)
+}
+
+/// A `/proc/meminfo` field in bytes.
+pub fn meminfo_bytes(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.split(':').next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+pub fn node_reading() -> NodeReading {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    NodeReading {
+        cpu_ns: proc_stat_busy_ns(&stat).unwrap_or(0),
+        memory_total: meminfo_bytes(&meminfo, "MemTotal"),
+        memory_available: meminfo_bytes(&meminfo, "MemAvailable"),
+        at: Timestamp::now(),
+    }
+}
+
+/// One running container as the Prometheus endpoints report it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContainerSample {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub image: String,
+    /// Docker's name of the container.
+    pub name: String,
+    /// The cgroup name.
+    pub id: String,
+    pub reading: Reading,
+    pub at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub fs: Option<FsUsage>,
+}
+
+/// One running pod's sandbox and its network counters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodSample {
+    pub namespace: String,
+    pub pod: String,
+    pub image: String,
+    pub name: String,
+    pub id: String,
+    pub network: Network,
+}
+
+/// The running containers and pods of this node with their latest samples, sorted by
+/// namespace, pod and container. A container whose cgroup cannot be read is left out.
+pub async fn samples(rt: &Runtime, cache: &Cache) -> anyhow::Result<(Vec<ContainerSample>, Vec<PodSample>)> {
+    let records = rt.list(None).await?;
+    let mut containers: Vec<ContainerSample> = running_apps(&records)
+        .into_iter()
+        .filter_map(|r| {
+            let e = cache.get(&r.id).or_else(|| {
+                cache.refresh_one(r);
+                cache.get(&r.id)
+            })?;
+            Some(ContainerSample {
+                namespace: r.pod_namespace.clone(),
+                pod: r.pod_name.clone(),
+                container: r.name.clone(),
+                image: r.image.clone(),
+                name: r.docker_name.clone(),
+                id: cache.cgroup(&r.id).or_else(|| cgroups::name_of(r.pid)).unwrap_or_default(),
+                reading: e.reading,
+                at: e.at,
+                started_at: started(r),
+                fs: cache.fs(&r.id),
+            })
+        })
+        .collect();
+    containers.sort_by(|a, b| (&a.namespace, &a.pod, &a.container).cmp(&(&b.namespace, &b.pod, &b.container)));
+    let mut pods: Vec<PodSample> = running_sandboxes(&records)
+        .into_iter()
+        .map(|r| PodSample {
+            namespace: r.pod_namespace.clone(),
+            pod: r.pod_name.clone(),
+            image: r.image.clone(),
+            name: r.docker_name.clone(),
+            id: cache.cgroup(&r.id).or_else(|| cgroups::name_of(r.pid)).unwrap_or_default(),
+            network: cache
+                .network(&r.id)
+                .unwrap_or_else(|| Network { interfaces: netstats::read(r.pid), at: Timestamp::now() }),
+        })
+        .collect();
+    pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+    Ok((containers, pods))
 }
 
 #[cfg(test)]
@@ -219,6 +426,20 @@ mod tests {
         // 0.5 s of CPU over 1 s of wall time (2 s of system time on 2 CPUs): half a core.
         assert_eq!(cpu(&s), (500_000_000, 3_000_000_000));
         assert_eq!(memory(&s), (1000, 700));
+    }
+
+    #[test]
+    fn node_cpu_and_memory_from_proc() {
+        let stat = "cpu  100 5 50 1000 7 3 2 1 0 0\ncpu0 50 2 25 500 3 1 1 0 0 0\n";
+        // (100 + 5 + 50 + 3 + 2 + 1) ticks of 10 ms.
+        assert_eq!(proc_stat_busy_ns(stat), Some(1_610_000_000));
+        assert_eq!(proc_stat_busy_ns("intr 1 2\n"), None);
+        let meminfo = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(meminfo_bytes(meminfo, "MemTotal"), 24_000_000 * 1024);
+        assert_eq!(meminfo_bytes(meminfo, "MemAvailable"), 20_000_000 * 1024);
+        assert_eq!(meminfo_bytes(meminfo, "Mem"), 0);
+        let n = node_reading();
+        assert!(n.cpu_ns > 0 && n.memory_total > n.working_set_bytes());
     }
 
     #[test]

@@ -405,6 +405,8 @@ pub(crate) mod tests {
             image_id: "sha256:1".into(),
             pid: 1,
             labels: HashMap::new(),
+            docker_name: format!("k8s_{name}_p_ns_u_{restarts}"),
+            upper_dir: None,
         }
     }
 

@@ -611,7 +611,14 @@ fn ensure_probes(
     let uid = uid.to_string();
     let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || kk.notify(&uid));
     let ip = if pod_ip.is_empty() { "127.0.0.1".to_string() } else { pod_ip.to_string() };
-    let hs = crate::probes::start(k.rt.clone(), k.probe_results.clone(), r.id.clone(), c.clone(), ip, wake);
+    let recorder = crate::probes::Recorder {
+        total: k.metrics.probe_total.clone(),
+        seconds: k.metrics.probe_seconds.clone(),
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        pod: pod.metadata.name.clone().unwrap_or_default(),
+        pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
+    };
+    let hs = crate::probes::start(k.rt.clone(), k.probe_results.clone(), r.id.clone(), c.clone(), ip, wake, recorder);
     w.probes.insert(r.id.clone(), hs);
 }
 

@@ -11,6 +11,11 @@
 //! baseline, measured in the same run, is what a summary used to cost — one Docker stats
 //! call per container, all at once. Also the kubelet's CPU over a minute at idle while a
 //! metrics pipeline asks for a summary every 15 s.
+//!
+//! Then Prometheus' view of the same 100 pods: the duration and series count of a
+//! `/metrics/cadvisor` scrape, and the kubelet's CPU over a minute with a scrape every 15 s
+//! beside a minute with no request at all (the baseline, same run).
+//! `MINIK8S_BENCH_STATS_ONLY=1` skips the start-up latency part.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -183,6 +188,9 @@ async fn pod_startup_latency() -> Result<()> {
     let server = ApiServer::start()?;
     let kubelet = Kubelet::start(&server.url(), "kl-bench")?;
     let api: Api<Pod> = Api::namespaced(server.client()?, "default");
+    if std::env::var("MINIK8S_BENCH_STATS_ONLY").is_ok() {
+        return stats_cost(&api, &kubelet).await;
+    }
     // Warm-up (bridge creation, image inspect caches).
     minik8s(&api, &kubelet, 1, "warm").await?;
     raw_docker(1, "warm")?;
@@ -205,6 +213,48 @@ async fn pod_startup_latency() -> Result<()> {
         );
     }
     stats_cost(&api, &kubelet).await
+}
+
+/// A Prometheus scrape of `/metrics/cadvisor` with `n` pods running: its duration (p50 and
+/// max of 10), its size and series count, and the kubelet's CPU over 60 s with a scrape every
+/// 15 s beside 60 s with no request (the baseline).
+async fn cadvisor_cost(kubelet: &Kubelet, n: usize) -> Result<()> {
+    let mut times = Vec::new();
+    let mut body = String::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        let (status, b) = kubelet.get("/metrics/cadvisor")?;
+        times.push(t.elapsed());
+        anyhow::ensure!(status == 200, "/metrics/cadvisor: {status}");
+        body = b;
+    }
+    let series = body.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
+    let pid = kubelet.pid().context("kubelet pid")?;
+    let window = |scrape: bool| async move {
+        let cpu0 = e2e::cpu_seconds(pid).context("kubelet cpu")?;
+        for _ in 0..4 {
+            if scrape {
+                kubelet.get("/metrics/cadvisor")?;
+            }
+            tokio::time::sleep(Duration::from_secs(15)).await;
+        }
+        anyhow::Ok(e2e::cpu_seconds(pid).context("kubelet cpu")? - cpu0)
+    };
+    let idle = window(false).await?;
+    let scraped = window(true).await?;
+    times.sort();
+    println!(
+        "\n/metrics/cadvisor with {n} running pods: {:.1}ms p50, {:.1}ms max of 10 scrapes; {series} series, {} KiB; \
+         kubelet CPU over 60 s: {scraped:.2}s with a scrape every 15 s ({:.2}% of a core) vs {idle:.2}s with none ({:.2}%): \
+         the scrapes cost {:.2}% of a core",
+        pct(&times, 0.5).as_secs_f64() * 1e3,
+        times.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+        body.len() / 1024,
+        scraped / 60.0 * 100.0,
+        idle / 60.0 * 100.0,
+        (scraped - idle).max(0.0) / 60.0 * 100.0
+    );
+    Ok(())
 }
 
 /// `/stats/summary` with many running pods: the kubelet's answer vs one Docker stats call
@@ -277,6 +327,7 @@ async fn stats_cost(api: &Api<Pod>, kubelet: &Kubelet) -> Result<()> {
         d50.as_secs_f64() / o50.as_secs_f64().max(1e-6),
         idle_cpu / 60.0 * 100.0
     );
+    cadvisor_cost(kubelet, n).await?;
     for i in 0..n {
         api.delete(&format!("stats-{i}"), &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
             .await?;

@@ -189,6 +189,10 @@ pub fn leaves(spec: &Spec) -> Result<Vec<Leaf>, PkiError> {
         Leaf::client("controller-manager.conf", "system:kube-controller-manager", &[]),
         Leaf::client("cloud-controller-manager.conf", "system:cloud-controller-manager", &[]),
         Leaf::client("kube-proxy.conf", "system:kube-proxy", &[]),
+        // The monitoring add-on's identities (`scripts/cluster up --monitoring` binds their
+        // roles): Prometheus reads `/metrics` as a member of system:monitoring.
+        Leaf::client("prometheus.conf", "prometheus", &["system:monitoring"]),
+        Leaf::client("kube-state-metrics.conf", "kube-state-metrics", &[]),
     ];
     for n in &spec.nodes {
         if n.is_empty() || n.contains(['/', '\0']) || n.starts_with('.') {
@@ -763,6 +767,8 @@ mod tests {
             ("controller-manager.conf", "system:kube-controller-manager", vec![]),
             ("cloud-controller-manager.conf", "system:cloud-controller-manager", vec![]),
             ("kube-proxy.conf", "system:kube-proxy", vec![]),
+            ("prometheus.conf", "prometheus", vec!["system:monitoring"]),
+            ("kube-state-metrics.conf", "kube-state-metrics", vec![]),
             ("kubelet-node-1.conf", "system:node:node-1", vec!["system:nodes"]),
             ("kubelet-node-2.conf", "system:node:node-2", vec!["system:nodes"]),
             (KUBELET_CLIENT_CERT, "kube-apiserver-kubelet-client", vec!["system:masters"]),

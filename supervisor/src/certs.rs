@@ -207,8 +207,10 @@ mod tests {
                 "cloud-controller-manager.conf",
                 "controller-manager.conf",
                 "kube-proxy.conf",
+                "kube-state-metrics.conf",
                 "kubelet-n1.conf",
                 "pki.json",
+                "prometheus.conf",
                 "sa.key",
                 "sa.pub",
                 "scheduler.conf"

@@ -100,6 +100,9 @@ pub struct Cache {
     fs: Mutex<HashMap<String, FsUsage>>,
     /// By sandbox container ID.
     network: Mutex<HashMap<String, Network>>,
+    /// The running containers and sandboxes housekeeping last listed: the Prometheus
+    /// endpoints render these, so a scrape makes no Docker call.
+    running: Mutex<Option<Vec<ContainerRecord>>>,
 }
 
 fn started(r: &ContainerRecord) -> Option<Timestamp> {
@@ -224,6 +227,10 @@ pub async fn housekeeping(rt: Arc<Runtime>, cache: Arc<Cache>, interval: Duratio
                     let (apps, sandboxes) = (running_apps(&records), running_sandboxes(&records));
                     cache.refresh(&apps, now);
                     cache.refresh_extra(&apps, &sandboxes, now);
+                    let running = records.iter().filter(|r| r.state == State::Running).cloned().collect();
+                    if let Ok(mut r) = cache.running.lock() {
+                        *r = Some(running);
+                    }
                 })
                 .await;
             }
@@ -368,9 +375,14 @@ pub struct PodSample {
 }
 
 /// The running containers and pods of this node with their latest samples, sorted by
-/// namespace, pod and container. A container whose cgroup cannot be read is left out.
+/// namespace, pod and container: those housekeeping last listed (before its first pass,
+/// Docker's list now). A container whose cgroup cannot be read is left out.
 pub async fn samples(rt: &Runtime, cache: &Cache) -> anyhow::Result<(Vec<ContainerSample>, Vec<PodSample>)> {
-    let records = rt.list(None).await?;
+    let listed = cache.running.lock().ok().and_then(|r| r.clone());
+    let records = match listed {
+        Some(r) => r,
+        None => rt.list(None).await?,
+    };
     let mut containers: Vec<ContainerSample> = running_apps(&records)
         .into_iter()
         .filter_map(|r| {

@@ -10,7 +10,7 @@
 //! `promtool`.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -382,11 +382,7 @@ fn prometheus_discovers_and_scrapes_the_cluster() {
     // A new node joins the targets (its own identity, as the cluster's kubelets run).
     let pki = home.join("pki");
     let node_conf = tmp.path().join("node-3.conf");
-    let supervisor = PathBuf::from(
-        std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| repo().join("target").to_string_lossy().into_owned()),
-    )
-    .join("debug/minik8s-supervisor");
-    let st = Command::new(supervisor)
+    let st = Command::new(e2e::supervisor_bin())
         .args(["certs", "kubeconfig", "--dir"])
         .arg(&pki)
         .args(["--user", "system:node:node-3", "--group", "system:nodes", "--out"])

@@ -328,6 +328,39 @@ async fn raw_etcd(endpoint: &str) -> (f64, f64, f64, f64, (f64, f64)) {
     (put1, put16, get, range_ms, (percentile(&lat, 0.5), percentile(&lat, 0.99)))
 }
 
+/// A range over keys with a long uncompacted history, beside the same range over keys
+/// written once (the baseline, same store, same run): `keys` keys of 16 KiB values, each
+/// rewritten `versions` times. A list must cost what the live keys weigh, not their history.
+async fn history_range(store: Arc<dyn Store>, keys: usize, versions: usize) -> (f64, f64) {
+    let value = vec![b'x'; 16 * 1024];
+    for i in 0..keys {
+        store.create(&format!("/bench/once/{i:04}"), value.clone().into()).await.expect("create");
+        let key = format!("/bench/history/{i:04}");
+        store.create(&key, value.clone().into()).await.expect("create");
+        for _ in 1..versions {
+            let (_, kv) = store.get(&key).await.expect("get");
+            let rev = kv.expect("present").mod_revision;
+            store.update(&key, value.clone().into(), rev).await.expect("update");
+        }
+    }
+    let mut ms = |prefix: &'static str| {
+        let store = store.clone();
+        async move {
+            let started = Instant::now();
+            let mut n = 0;
+            while started.elapsed() < seconds() {
+                let r = store.range(Range::prefix(prefix)).await.expect("range");
+                assert_eq!(r.kvs.len(), keys);
+                n += 1;
+            }
+            started.elapsed().as_secs_f64() * 1000.0 / n as f64
+        }
+    };
+    let once = ms("/bench/once/").await;
+    let history = ms("/bench/history/").await;
+    (history, once)
+}
+
 fn rows(ours: (f64, f64, f64, f64, (f64, f64)), raw: (f64, f64, f64, f64), raw_watch: Option<(f64, f64)>) -> Vec<Row> {
     let r = |what: &str, ours, raw, unit, hib| Row { what: what.into(), ours, raw, unit, higher_is_better: hib };
     vec![
@@ -354,6 +387,18 @@ fn main() {
             store_figures(store).await
         });
         print("embedded (SQLite WAL) vs raw SQLite transactions", &rows(ours, raw, None));
+        let (history, once) = rt.block_on(async {
+            let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path().join("history.db")).expect("open"));
+            history_range(store, 100, 50).await
+        });
+        let row = Row {
+            what: "range of 100 keys x 50 revisions".into(),
+            ours: history,
+            raw: Some(once),
+            unit: "ms",
+            higher_is_better: false,
+        };
+        print("embedded: a range over uncompacted history vs the same keys written once (16 KiB values)", &[row]);
     }
     if wants("etcd") {
         let server = EtcdServer::start().expect("start etcd (install Debian's etcd-server)");

@@ -291,16 +291,18 @@ fn latest(conn: &Connection, key: &str) -> Result<Option<KeyValue>> {
 
 /// The live keys in `[from, end)` as of revision `at`, in key order, at most `want`.
 ///
-/// Walks the `(name, id DESC)` index once: the first row of each key is its newest at or
-/// before `at`; older rows of the key are skipped without reading their values.
+/// Two steps: the `(name, id DESC)` index alone says which row is each key's newest at or
+/// before `at` (the first of its name; the index holds both columns, so the walk touches
+/// no table page), then only those rows are read, by id. Reading rows during the walk
+/// would load every kept revision's value (SQLite computes all result columns of a row it
+/// returns, and large values live in overflow pages), so a list would cost as much as the
+/// history the compactor has not removed yet.
 fn newest_rows(conn: &Connection, from: &[u8], end: &[u8], at: Revision, want: usize) -> Result<Vec<KeyValue>> {
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT name, id, created, deleted, value FROM kv \
-             WHERE name >= ?1 AND name < ?2 AND id <= ?3 ORDER BY name, id DESC",
-        )
+    let mut walk = conn
+        .prepare_cached("SELECT name, id FROM kv WHERE name >= ?1 AND name < ?2 AND id <= ?3 ORDER BY name, id DESC")
         .map_err(sql_err)?;
-    let mut rows = stmt.query(params![from, end, at]).map_err(sql_err)?;
+    let mut read = conn.prepare_cached("SELECT created, deleted, value FROM kv WHERE id = ?1").map_err(sql_err)?;
+    let mut rows = walk.query(params![from, end, at]).map_err(sql_err)?;
     let mut out = Vec::new();
     let mut last: Option<Vec<u8>> = None;
     while let Some(row) = rows.next().map_err(sql_err)? {
@@ -310,13 +312,15 @@ fn newest_rows(conn: &Connection, from: &[u8], end: &[u8], at: Revision, want: u
         }
         let last = last.insert(Vec::new());
         last.extend_from_slice(name);
-        let deleted: i64 = row.get(3).map_err(sql_err)?;
+        let id: i64 = row.get(1).map_err(sql_err)?;
+        let (created, deleted, value): (i64, i64, Vec<u8>) =
+            read.query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).map_err(sql_err)?;
         if deleted == 0 {
             out.push(KeyValue {
                 key: key_string(last.clone())?,
-                value: row.get::<_, Vec<u8>>(4).map_err(sql_err)?.into(),
-                create_revision: row.get(2).map_err(sql_err)?,
-                mod_revision: row.get(1).map_err(sql_err)?,
+                value: value.into(),
+                create_revision: created,
+                mod_revision: id,
             });
             if out.len() >= want {
                 break;

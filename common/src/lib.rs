@@ -132,12 +132,17 @@ pub fn health_router(registry: prometheus::Registry, ready: Ready) -> Router {
         .route("/metrics", get(move || metrics(registry.clone())))
 }
 
-async fn metrics(registry: prometheus::Registry) -> impl IntoResponse {
-    use prometheus::Encoder;
+async fn metrics(registry: prometheus::Registry) -> axum::response::Response {
     let mut families = prometheus::gather();
     families.extend(registry.gather());
+    metrics_response(&families)
+}
+
+/// A `/metrics` answer: `families` in the Prometheus text format.
+pub fn metrics_response(families: &[prometheus::proto::MetricFamily]) -> axum::response::Response {
+    use prometheus::Encoder;
     let mut body = Vec::new();
-    match prometheus::TextEncoder::new().encode(&families, &mut body) {
+    match prometheus::TextEncoder::new().encode(families, &mut body) {
         Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }

@@ -164,28 +164,24 @@ pub fn render(containers: &[ContainerSample], pods: &[PodSample], machine: Machi
 /// prefix Kubernetes puts on their help texts).
 pub fn render_resource(containers: &[ContainerSample], node: &NodeReading) -> String {
     let mut w = Writer::new();
-    let cl = |s: &ContainerSample| {
-        [("container", s.container.clone()), ("namespace", s.namespace.clone()), ("pod", s.pod.clone())]
-    };
-    let put = |w: &mut Writer, name: &str, l: &[(&str, String)], v: f64, at: Option<i64>| {
-        let l: Vec<(&str, &str)> = l.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        w.sample(name, &l, v, at);
-    };
+    fn cl(s: &ContainerSample) -> [(&'static str, &str); 3] {
+        [("container", &s.container), ("namespace", &s.namespace), ("pod", &s.pod)]
+    }
     let name = "container_cpu_usage_seconds_total";
     w.family(name, "[STABLE] Cumulative cpu time consumed by the container in core-seconds", Kind::Counter);
     for s in containers {
-        put(&mut w, name, &cl(s), secs(s.reading.cpu_ns), Some(ms(s.at)));
+        w.sample(name, &cl(s), secs(s.reading.cpu_ns), Some(ms(s.at)));
     }
     let name = "container_memory_working_set_bytes";
     w.family(name, "[STABLE] Current working set of the container in bytes", Kind::Gauge);
     for s in containers {
-        put(&mut w, name, &cl(s), s.reading.working_set_bytes as f64, Some(ms(s.at)));
+        w.sample(name, &cl(s), s.reading.working_set_bytes as f64, Some(ms(s.at)));
     }
     let name = "container_start_time_seconds";
     w.family(name, "[STABLE] Start time of the container since unix epoch in seconds", Kind::Gauge);
     for s in containers {
         if let Some(t) = s.started_at {
-            put(&mut w, name, &cl(s), t.as_second() as f64, Some(ms(s.at)));
+            w.sample(name, &cl(s), t.as_second() as f64, Some(ms(s.at)));
         }
     }
     let name = "node_cpu_usage_seconds_total";

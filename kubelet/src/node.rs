@@ -36,12 +36,6 @@ fn read(p: &str) -> String {
 }
 
 pub fn host_facts(root: &std::path::Path) -> Host {
-    let mem_kb: u64 = read("/proc/meminfo")
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
     let ephemeral = statvfs_bytes(root).unwrap_or(0);
     let os_image = read("/etc/os-release")
         .lines()
@@ -50,7 +44,7 @@ pub fn host_facts(root: &std::path::Path) -> Host {
         .unwrap_or_else(|| "Linux".into());
     Host {
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        memory_bytes: mem_kb * 1024,
+        memory_bytes: crate::stats::meminfo_bytes(&read("/proc/meminfo"), "MemTotal"),
         ephemeral_bytes: ephemeral,
         kernel: read("/proc/sys/kernel/osrelease"),
         os_image,

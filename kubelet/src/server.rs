@@ -57,10 +57,13 @@ pub async fn serve(
 ) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let bound = listener.local_addr()?;
+    // The machine's size (`machine_*`) does not change while the kubelet runs.
+    let host = crate::node::host_facts(&k.root_dir);
+    let machine = crate::cadvisor::Machine { cores: host.cpus as u64, memory_bytes: host.memory_bytes };
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
-        .route("/metrics/cadvisor", get(cadvisor))
+        .route("/metrics/cadvisor", get(move |State(k)| cadvisor(k, machine)))
         .route("/metrics/resource", get(resource))
         .route("/metrics/probes", get(probes))
         .route("/containerLogs/{ns}/{pod}/{container}", get(logs))
@@ -118,56 +121,33 @@ pub fn serving_certificate(
 }
 
 async fn metrics(State(k): State<Arc<Kubelet>>) -> Response {
-    use prometheus::Encoder;
     let mut families = prometheus::gather();
     families.extend(k.metrics.registry.gather());
-    let mut body = Vec::new();
-    match prometheus::TextEncoder::new().encode(&families, &mut body) {
-        Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
+    common::metrics_response(&families)
 }
 
 async fn probes(State(k): State<Arc<Kubelet>>) -> Response {
-    use prometheus::Encoder;
-    let mut body = Vec::new();
-    match prometheus::TextEncoder::new().encode(&k.metrics.probes.gather(), &mut body) {
-        Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
+    common::metrics_response(&k.metrics.probes.gather())
 }
 
-/// The machine's size for `machine_*`.
-fn machine() -> crate::cadvisor::Machine {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    crate::cadvisor::Machine {
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
-        memory_bytes: crate::stats::meminfo_bytes(&meminfo, "MemTotal"),
-    }
-}
-
-async fn cadvisor(State(k): State<Arc<Kubelet>>) -> Response {
-    match crate::stats::samples(&k.rt, &k.stats).await {
-        Ok((containers, pods)) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, common::exposition::CONTENT_TYPE)],
-            crate::cadvisor::render(&containers, &pods, machine()),
-        )
-            .into_response(),
+/// A rendering of the containers' samples, or the error that kept them from being read.
+fn exposition(rendered: anyhow::Result<String>) -> Response {
+    match rendered {
+        Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, common::exposition::CONTENT_TYPE)], text).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response(),
     }
+}
+
+async fn cadvisor(k: Arc<Kubelet>, machine: crate::cadvisor::Machine) -> Response {
+    let samples = crate::stats::samples(&k.rt, &k.stats).await;
+    exposition(samples.map(|(containers, pods)| crate::cadvisor::render(&containers, &pods, machine)))
 }
 
 async fn resource(State(k): State<Arc<Kubelet>>) -> Response {
-    match crate::stats::samples(&k.rt, &k.stats).await {
-        Ok((containers, _)) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, common::exposition::CONTENT_TYPE)],
-            crate::cadvisor::render_resource(&containers, &crate::stats::node_reading()),
-        )
-            .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response(),
-    }
+    let samples = crate::stats::samples(&k.rt, &k.stats).await;
+    exposition(
+        samples.map(|(containers, _)| crate::cadvisor::render_resource(&containers, &crate::stats::node_reading())),
+    )
 }
 
 async fn summary(State(k): State<Arc<Kubelet>>) -> Response {

@@ -7,7 +7,7 @@
 //! sample yet is read at once (CPU as its lifetime average), and one whose cgroup cannot
 //! be read falls back to Docker's stats.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -102,7 +102,7 @@ pub struct Cache {
     network: Mutex<HashMap<String, Network>>,
     /// The running containers and sandboxes housekeeping last listed: the Prometheus
     /// endpoints render these, so a scrape makes no Docker call.
-    running: Mutex<Option<Vec<ContainerRecord>>>,
+    running: Mutex<Option<Arc<Vec<ContainerRecord>>>>,
 }
 
 fn started(r: &ContainerRecord) -> Option<Timestamp> {
@@ -139,7 +139,8 @@ impl Cache {
             *n = network;
         }
         if let Ok(mut names) = self.cgroups.lock() {
-            names.retain(|id, _| running.iter().chain(sandboxes).any(|r| &r.id == id));
+            let live: HashSet<&str> = running.iter().chain(sandboxes).map(|r| r.id.as_str()).collect();
+            names.retain(|id, _| live.contains(id.as_str()));
             for r in running.iter().chain(sandboxes) {
                 if !names.contains_key(&r.id) {
                     if let Some(name) = cgroups::name_of(r.pid) {
@@ -150,7 +151,8 @@ impl Cache {
         }
         let due: Vec<&ContainerRecord> = {
             let Ok(mut fs) = self.fs.lock() else { return };
-            fs.retain(|id, _| running.iter().any(|r| &r.id == id));
+            let live: HashSet<&str> = running.iter().map(|r| r.id.as_str()).collect();
+            fs.retain(|id, _| live.contains(id.as_str()));
             running
                 .iter()
                 .filter(|r| r.upper_dir.is_some())
@@ -227,9 +229,10 @@ pub async fn housekeeping(rt: Arc<Runtime>, cache: Arc<Cache>, interval: Duratio
                     let (apps, sandboxes) = (running_apps(&records), running_sandboxes(&records));
                     cache.refresh(&apps, now);
                     cache.refresh_extra(&apps, &sandboxes, now);
-                    let running = records.iter().filter(|r| r.state == State::Running).cloned().collect();
+                    let running: Vec<ContainerRecord> =
+                        records.iter().filter(|r| r.state == State::Running).cloned().collect();
                     if let Ok(mut r) = cache.running.lock() {
-                        *r = Some(running);
+                        *r = Some(Arc::new(running));
                     }
                 })
                 .await;
@@ -381,7 +384,7 @@ pub async fn samples(rt: &Runtime, cache: &Cache) -> anyhow::Result<(Vec<Contain
     let listed = cache.running.lock().ok().and_then(|r| r.clone());
     let records = match listed {
         Some(r) => r,
-        None => rt.list(None).await?,
+        None => Arc::new(rt.list(None).await?),
     };
     let mut containers: Vec<ContainerSample> = running_apps(&records)
         .into_iter()

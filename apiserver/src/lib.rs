@@ -43,6 +43,7 @@ pub mod table;
 pub mod validation;
 pub mod views;
 pub mod watch;
+pub mod webhook;
 
 use registry::generic::{Registry, WriteOptions};
 
@@ -114,6 +115,7 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         }),
         service_account_issuer: opts.service_account_issuer.clone(),
         authz: Arc::new(authz::Authorizer::new(opts.authorization_modes.clone())),
+        webhooks: webhook::Webhooks::new(registry.store.clone()),
     }))
 }
 

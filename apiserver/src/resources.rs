@@ -511,6 +511,33 @@ pub static RESOURCES: &[ResourceDef] = &[
         &crate::registry::csr::CSR,
         k::certificates::v1::CertificateSigningRequest
     ),
+    // admissionregistration.k8s.io/v1
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations",
+        "mutatingwebhookconfiguration",
+        NONE,
+        &["api-extensions"],
+        false,
+        &[],
+        &crate::registry::webhookconfig::MUTATING,
+        k::admissionregistration::v1::MutatingWebhookConfiguration
+    ),
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+        "validatingwebhookconfiguration",
+        NONE,
+        &["api-extensions"],
+        false,
+        &[],
+        &crate::registry::webhookconfig::VALIDATING,
+        k::admissionregistration::v1::ValidatingWebhookConfiguration
+    ),
     // scheduling.k8s.io/v1
     res!(
         "scheduling.k8s.io",

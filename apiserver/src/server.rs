@@ -47,6 +47,8 @@ pub struct AppState {
     /// The configured authorizers (`--authorization-mode`): the authorization layer, the
     /// access reviews and escalation prevention ask them.
     pub authz: Arc<crate::authz::Authorizer>,
+    /// The admission webhooks' configurations.
+    pub webhooks: Arc<crate::webhook::Webhooks>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -585,9 +587,19 @@ async fn resource_request(
     let table = wants_table(headers);
     // Admission that depends on who asks: escalation prevention, NodeRestriction.
     let admit = crate::authz::write_admission(&state.authz, user, &rp);
-    let write_options = |query: &HashMap<String, String>| -> ApiResult<WriteOptions> {
-        Ok(WriteOptions { admit: admit.clone(), ..write_options(query)? })
+    let webhooks = || {
+        Some(Arc::new(crate::webhook::Caller {
+            webhooks: state.webhooks.clone(),
+            user: crate::webhook::user_info(user),
+        }))
     };
+    let write_options = |query: &HashMap<String, String>| -> ApiResult<WriteOptions> {
+        Ok(WriteOptions { admit: admit.clone(), webhooks: webhooks(), ..write_options(query)? })
+    };
+    let delete_options =
+        |query: &HashMap<String, String>, body: &[u8]| -> ApiResult<crate::registry::generic::DeleteOptions> {
+            Ok(crate::registry::generic::DeleteOptions { webhooks: webhooks(), ..delete_options(query, body)? })
+        };
     // Stored as served and no table asked for: the stored bytes answer as they are.
     let raw_ok = codec.view.is_none() && !table;
 
@@ -792,7 +804,8 @@ async fn resource_request(
             let bytes = read_body(headers, body).await?;
             let eviction = decode_object(headers, &bytes)?;
             let del = eviction.get("deleteOptions").cloned().unwrap_or(json!({}));
-            let opts = delete_options(query, &serde_json::to_vec(&del).unwrap_or_default())?;
+            // The eviction is what is admitted, not the pod's deletion it makes.
+            let opts = crate::query::delete_options(query, &serde_json::to_vec(&del).unwrap_or_default())?;
             let pdbs = resources::find("policy", "v1", "poddisruptionbudgets")
                 .ok_or_else(|| ApiError::internal("no poddisruptionbudgets resource"))?;
             pod::eviction::evict(reg, res, pdbs, &ns, &name, &eviction, &opts).await?;

@@ -16,6 +16,7 @@ pub mod exposition;
 pub mod leader;
 pub mod lock;
 pub mod memory;
+pub mod mesh;
 pub mod pki;
 pub mod serve;
 pub mod tls;

@@ -72,7 +72,18 @@ pub async fn delete(name: &str) -> Result<()> {
 
 /// Create the veth pair, enslave the host end to the bridge, move the peer into the
 /// namespace of `pid`, and configure it there as `eth0` with `ip` and a default route.
-pub async fn setup_pod(bridge: &str, host: &str, peer: &str, pid: i64, ip: Ipv4Addr, cidr: &Cidr) -> Result<()> {
+///
+/// `capture` (a meshed pod's traffic capture, `iptables-restore` input) is loaded in the
+/// namespace too, before any of the pod's containers starts.
+pub async fn setup_pod(
+    bridge: &str,
+    host: &str,
+    peer: &str,
+    pid: i64,
+    ip: Ipv4Addr,
+    cidr: &Cidr,
+    capture: Option<String>,
+) -> Result<()> {
     let h = connect()?;
     if let Some(idx) = index(&h, host).await? {
         let _ = h.link().del(idx).execute().await;
@@ -93,8 +104,41 @@ pub async fn setup_pod(bridge: &str, host: &str, peer: &str, pid: i64, ip: Ipv4A
         .await
         .context("moving the veth into the pod's namespace")?;
     let (peer, cidr) = (peer.to_string(), *cidr);
-    let inside = tokio::task::spawn_blocking(move || in_netns(pid, move || configure_inside(peer, ip, cidr))).await;
+    let inside = tokio::task::spawn_blocking(move || {
+        in_netns(pid, move || async move {
+            configure_inside(peer, ip, cidr).await?;
+            match capture {
+                Some(rules) => load_capture(&rules),
+                None => Ok(()),
+            }
+        })
+    })
+    .await;
     inside.map_err(|e| anyhow!("netns thread: {e}"))?
+}
+
+/// Load `rules` with `iptables-restore --noflush` in this thread's network namespace (the
+/// child process inherits it).
+fn load_capture(rules: &str) -> Result<()> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("iptables-restore")
+        .arg("--noflush")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running iptables-restore for the sidecar's traffic capture")?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(rules.as_bytes()).context("writing the capture rules")?;
+    }
+    let out = child.wait_with_output().context("waiting for iptables-restore")?;
+    if !out.status.success() {
+        return Err(anyhow!(
+            "iptables-restore (sidecar traffic capture): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
 }
 
 /// Run `f` (async) on a fresh thread that joined the network namespace of `pid`.

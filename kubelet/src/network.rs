@@ -119,7 +119,15 @@ impl PodNetwork {
 
     /// Plug a pod's pause container (`sandbox_id`) into the node's bridge (created on first
     /// use) with address `ip`. On failure the pod's veth is gone again.
-    pub async fn attach(&self, pod_uid: &str, sandbox_id: &str, ip: Ipv4Addr, cidr: &Cidr) -> Result<()> {
+    /// `capture`: a meshed pod's traffic capture rules (see `common::mesh`).
+    pub async fn attach(
+        &self,
+        pod_uid: &str,
+        sandbox_id: &str,
+        ip: Ipv4Addr,
+        cidr: &Cidr,
+        capture: Option<String>,
+    ) -> Result<()> {
         let bridge = {
             let mut b = self.bridge.lock().await;
             match b.as_ref() {
@@ -133,7 +141,7 @@ impl PodNetwork {
         };
         let pid = self.rt.pid(sandbox_id).await?.ok_or_else(|| anyhow!("pause container has no pid"))?;
         let (host, peer) = veth_names(pod_uid);
-        if let Err(e) = crate::netlink::setup_pod(&bridge, &host, &peer, pid, ip, cidr).await {
+        if let Err(e) = crate::netlink::setup_pod(&bridge, &host, &peer, pid, ip, cidr, capture).await {
             let _ = crate::netlink::delete(&host).await;
             return Err(e);
         }

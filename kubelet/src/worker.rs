@@ -766,7 +766,18 @@ async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network:
         return Err(anyhow!("starting the pause container: {e}"));
     }
     if let Some((pod_ip, cidr)) = reserved {
-        if let Err(e) = k.net.attach(&pr.uid, &id, pod_ip, &cidr).await {
+        // A pod with the mesh's sidecar gets its traffic capture with its network.
+        let empty = Default::default();
+        let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+        let capture = match common::mesh::capture_for(annotations) {
+            Ok(c) => Ok(c.map(|c| common::mesh::iptables_restore(&c))),
+            Err(e) => Err(anyhow!("sidecar traffic capture: {e}")),
+        };
+        let attached = match capture {
+            Ok(capture) => k.net.attach(&pr.uid, &id, pod_ip, &cidr, capture).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = attached {
             let _ = k.rt.remove(&id).await;
             k.net.release_ip(pod_ip).await;
             return Err(e.context("setting up the pod network"));

@@ -18,6 +18,7 @@ use crate::error::{ApiError, ApiResult, FieldError};
 use crate::registry::{ResourceDef, Sub};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::validation::validate_object_meta;
+use crate::webhook::rules::Operation;
 
 /// How unknown fields in a body are treated (`fieldValidation`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,6 +38,9 @@ pub struct WriteOptions {
     /// Validating admission that depends on who asks (the request path builds it): sees
     /// the object about to be stored, valid, and the stored one on an update.
     pub admit: Option<Admit>,
+    /// Admission webhooks (the request path sets it for client requests; writes the
+    /// apiserver makes itself meet none).
+    pub webhooks: Option<Arc<crate::webhook::Caller>>,
 }
 
 /// A request's validating admission check (see [`WriteOptions::admit`]).
@@ -58,6 +62,18 @@ impl WriteOptions {
             Some(Admit(check)) => check(new, old),
             None => Ok(()),
         }
+    }
+
+    /// The webhook context of a write of `res`.
+    fn webhook_write<'a>(
+        &self,
+        res: &'a ResourceDef,
+        operation: crate::webhook::rules::Operation,
+        subresource: &'a str,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> crate::webhook::Write<'a> {
+        crate::webhook::Write { res, operation, subresource, namespace, name, dry_run: self.dry_run }
     }
 }
 
@@ -88,6 +104,8 @@ pub struct DeleteOptions {
     pub orphan_dependents: Option<bool>,
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<String>,
+    /// Admission webhooks (DELETE), as [`WriteOptions::webhooks`].
+    pub webhooks: Option<Arc<crate::webhook::Caller>>,
 }
 
 /// What a guarded update does to the main object.
@@ -676,7 +694,7 @@ impl Registry {
                 "create not allowed while custom resource definition is terminating",
             ));
         }
-        let (mut obj, warnings) = self.decode_body(res, Some(ns), body, opts.field_validation)?;
+        let (mut obj, mut warnings) = self.decode_body(res, Some(ns), body, opts.field_validation)?;
         let strategy = res.strategy;
         let name_given = !meta_str(&obj, "name").is_empty();
         let generate = meta_str(&obj, "generateName").to_string();
@@ -720,6 +738,15 @@ impl Registry {
                 m.remove("status");
             }
         }
+        if let Some(hooks) = &opts.webhooks {
+            let name = meta_str(&obj, "name").to_string();
+            let w = opts.webhook_write(res, Operation::Create, "", ns, &name);
+            let (changed, w) = hooks.mutate(&w, &mut obj, None).await?;
+            warnings.extend(w);
+            if changed {
+                obj = self.decode_body(res, Some(ns), obj, FieldValidation::Ignore)?.0;
+            }
+        }
         // Only a generated name or an address allocation can make an attempt fail and retry:
         // otherwise the one attempt takes the object instead of a copy.
         let retries = !name_given || !strategy.transaction_keys().is_empty();
@@ -740,6 +767,10 @@ impl Registry {
             opts.admit(&obj, None)?;
             if res.namespaced {
                 self.namespaces.admit_create(res, ns, &name).await?;
+            }
+            if let Some(hooks) = &opts.webhooks {
+                let w = opts.webhook_write(res, Operation::Create, "", ns, &name);
+                warnings.extend(hooks.validate(&w, Some(&obj), None).await?);
             }
             let key = key_of(res, ns, &name);
             let (mut compares, mut ops) = (vec![(key.clone(), 0)], vec![]);
@@ -897,6 +928,21 @@ impl Registry {
                 }
                 UpdateKind::Internal => {}
             }
+            let mut hook_warnings = Vec::new();
+            let sub_name = match kind {
+                UpdateKind::Status => "status",
+                UpdateKind::Subresource(sub) => sub.name(),
+                UpdateKind::Main | UpdateKind::Internal => "",
+            };
+            let hooks = opts.webhooks.as_ref().filter(|_| kind != UpdateKind::Internal);
+            if let Some(hooks) = hooks {
+                let w = opts.webhook_write(res, Operation::Update, sub_name, ns, name);
+                let (changed, w) = hooks.mutate(&w, &mut new, Some(&old)).await?;
+                hook_warnings.extend(w);
+                if changed {
+                    new = self.decode_body(res, Some(ns), new, FieldValidation::Ignore)?.0;
+                }
+            }
             // Server-owned metadata comes from the stored object.
             for f in [
                 "name",
@@ -954,6 +1000,10 @@ impl Registry {
                 return Err(ApiError::invalid(res.group, res.kind, name, errs));
             }
             opts.admit(&new, Some(&old))?;
+            if let Some(hooks) = hooks {
+                let w = opts.webhook_write(res, Operation::Update, sub_name, ns, name);
+                hook_warnings.extend(hooks.validate(&w, Some(&new), Some(&old)).await?);
+            }
             let (mut compares, mut ops) = (vec![(key.clone(), kv.mod_revision)], vec![]);
             if kind == UpdateKind::Main {
                 let (c, o) = self.side_writes(res, Some(&old), Some(&mut new)).await?;
@@ -970,7 +1020,7 @@ impl Registry {
                 && !strategy.deletion_blocked(&new)
                 && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) == 0;
             if opts.dry_run {
-                return Ok(Outcome { object: new, warnings: vec![], json: None });
+                return Ok(Outcome { object: new, warnings: hook_warnings, json: None });
             }
             if delete_now {
                 let (c, o) = self.side_writes(res, Some(&old), None).await?;
@@ -984,7 +1034,7 @@ impl Registry {
             match self.txn(Txn { compares, ops }).await? {
                 TxnOutcome::Committed { revision, .. } => {
                     set_at(&mut new, "/metadata/resourceVersion", json!(revision.to_string()));
-                    return Ok(Outcome { object: new, warnings: vec![], json: None });
+                    return Ok(Outcome { object: new, warnings: hook_warnings, json: None });
                 }
                 TxnOutcome::Failed { current, .. } => {
                     let obj_changed =
@@ -1065,6 +1115,7 @@ impl Registry {
                 Ok(Some(Intent { object: obj, precondition }))
             })
             .await?;
+        warnings.extend(out.warnings);
         Ok(Outcome { object: out.object, warnings, json: None })
     }
 
@@ -1099,6 +1150,17 @@ impl Registry {
                         &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {actual}"),
                     ));
                 }
+            }
+            if let Some(hooks) = &opts.webhooks {
+                let w = crate::webhook::Write {
+                    res,
+                    operation: Operation::Delete,
+                    subresource: "",
+                    namespace: ns,
+                    name,
+                    dry_run: opts.dry_run,
+                };
+                hooks.validate(&w, None, Some(&obj)).await?;
             }
             let mut new = obj.clone();
             // Garbage-collection finalizers from the propagation policy.

@@ -16,6 +16,7 @@ pub mod kinds;
 pub mod pod;
 pub mod scale;
 pub mod service;
+pub mod webhookconfig;
 pub mod workloads;
 
 // ------------------------------------------------------------------ resource definitions

@@ -750,6 +750,12 @@ fn kind_table(res: &ResourceDef) -> (Vec<Value>, CellsFn) {
                 ]
             },
         ),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations" | "validatingwebhookconfigurations") => {
+            (cols(&[("Name", "string", 0), ("Webhooks", "integer", 0), ("Age", "string", 0)]), |o| {
+                let n = o.get("webhooks").and_then(Value::as_array).map_or(0, Vec::len);
+                vec![json!(s(o.pointer("/metadata/name"))), json!(n), json!(age(o))]
+            })
+        }
         ("storage.k8s.io", "storageclasses") => (
             cols(&[
                 ("Name", "string", 0),

@@ -191,6 +191,12 @@ fn validating_and_mutating_webhooks_with_the_official_kubectl() -> Result<()> {
     assert_eq!(stored["webhooks"][0]["failurePolicy"], "Fail");
     assert_eq!(stored["webhooks"][0]["timeoutSeconds"], 10);
 
+    // kubectl lists them with upstream's columns.
+    let listed = must(kubectl(&server, &["get", "validatingwebhookconfigurations"])?, "list")?;
+    let header: Vec<&str> = listed.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "WEBHOOKS", "AGE"], "{listed}");
+    assert!(listed.lines().any(|l| l.split_whitespace().take(2).eq(["require-team", "1"])), "{listed}");
+
     // Refused, with the webhook's message as kubectl shows it.
     let refused = until_refused(&server, "hooked", "nolabel", &["-n", "hooked", "run", "nolabel", "--image=busybox"])?;
     assert!(

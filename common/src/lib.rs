@@ -72,6 +72,17 @@ pub fn default_host_ip() -> Option<std::net::IpAddr> {
     Some(s.local_addr().ok()?.ip()).filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
 }
 
+/// The log filter of a binary's `--log-level` (wins when given) and `-v` (Kubernetes'
+/// verbosity: 0-1 info, 2-4 debug, 5 and more trace).
+pub fn log_filter(log_level: Option<&str>, verbosity: u8) -> String {
+    match (log_level, verbosity) {
+        (Some(l), _) => l.to_string(),
+        (None, 0..=1) => "info".into(),
+        (None, 2..=4) => "debug".into(),
+        (None, _) => "trace".into(),
+    }
+}
+
 /// Log to stderr with `tracing`. `level` is a filter such as `info` or
 /// `info,kube=debug`; `RUST_LOG` overrides it.
 pub fn init_tracing(level: &str) {

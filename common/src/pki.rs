@@ -193,6 +193,8 @@ pub fn leaves(spec: &Spec) -> Result<Vec<Leaf>, PkiError> {
         // roles): Prometheus reads `/metrics` as a member of system:monitoring.
         Leaf::client("prometheus.conf", "prometheus", &["system:monitoring"]),
         Leaf::client("kube-state-metrics.conf", "kube-state-metrics", &[]),
+        // The service mesh's control plane (`scripts/cluster up --mesh` binds its role).
+        Leaf::client("pilot.conf", "istiod", &[]),
     ];
     for n in &spec.nodes {
         if n.is_empty() || n.contains(['/', '\0']) || n.starts_with('.') {
@@ -769,6 +771,7 @@ mod tests {
             ("kube-proxy.conf", "system:kube-proxy", vec![]),
             ("prometheus.conf", "prometheus", vec!["system:monitoring"]),
             ("kube-state-metrics.conf", "kube-state-metrics", vec![]),
+            ("pilot.conf", "istiod", vec![]),
             ("kubelet-node-1.conf", "system:node:node-1", vec!["system:nodes"]),
             ("kubelet-node-2.conf", "system:node:node-2", vec!["system:nodes"]),
             (KUBELET_CLIENT_CERT, "kube-apiserver-kubelet-client", vec!["system:masters"]),

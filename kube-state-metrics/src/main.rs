@@ -72,12 +72,7 @@ struct Args {
 
 impl Args {
     fn log_filter(&self) -> String {
-        match (&self.log_level, self.verbosity) {
-            (Some(l), _) => l.clone(),
-            (None, 0..=1) => "info".into(),
-            (None, 2..=4) => "debug".into(),
-            (None, _) => "trace".into(),
-        }
+        common::log_filter(self.log_level.as_deref(), self.verbosity)
     }
 }
 

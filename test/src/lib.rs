@@ -396,6 +396,27 @@ impl From<std::process::Output> for KubectlOutput {
     }
 }
 
+/// The official kubectl with `--kubeconfig kubeconfig` and `stdin` as its input: whether it
+/// succeeded, and its stdout followed by its stderr (the cluster-script suites' kubectl).
+pub fn kubectl_at(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(kubectl_bin())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run kubectl: {e}"));
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.unwrap_or_default().as_bytes()).expect("kubectl stdin");
+    drop(input);
+    let out = child.wait_with_output().expect("kubectl output");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
 /// For benchmarks: build the release apiserver and have [`ApiServer`] start it (they
 /// measure what users run), unless `BENCH_APISERVER_BIN` names another build (e.g. an
 /// older one, for before/after figures).

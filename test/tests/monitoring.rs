@@ -16,26 +16,11 @@ use std::time::{Duration, Instant};
 
 use e2e::cluster::{repo, script as cluster};
 use e2e::kubelet::{require_docker, Kubelet};
-use e2e::{free_port, host_cluster_lock, kubectl_bin};
+use e2e::{free_port, host_cluster_lock};
 use serde_json::Value;
 
 fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    use std::io::Write;
-    let mut child = Command::new(kubectl_bin())
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run kubectl: {e}"));
-    let mut input = child.stdin.take().expect("stdin");
-    input.write_all(stdin.unwrap_or_default().as_bytes()).expect("kubectl stdin");
-    drop(input);
-    let out = child.wait_with_output().expect("kubectl output");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
+    e2e::kubectl_at(kubeconfig, args, stdin)
 }
 
 /// Prometheus' HTTP API: the `data` of a GET of `path` with query parameters.

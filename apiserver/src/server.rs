@@ -871,7 +871,7 @@ fn respond_object(
 // ------------------------------------------------------------------ watch
 
 /// A converted view of the stored objects (events.k8s.io/v1 over core/v1 Events).
-type View = fn(&Value) -> Value;
+type View = &'static (dyn Fn(&Value) -> Value + Send + Sync);
 
 /// How a watch stream carries its objects: as stored, through a converted view, or as
 /// one-row `meta.k8s.io/v1` Tables (`as=Table`, what `kubectl get -w` asks for). As in

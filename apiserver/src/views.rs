@@ -14,11 +14,17 @@ pub struct View {
     /// The stored resource: group, version, plural.
     pub storage: (&'static str, &'static str, &'static str),
     /// stored → served
-    pub to_view: fn(&Value) -> Value,
+    pub to_view: &'static (dyn Fn(&Value) -> Value + Send + Sync),
     /// served → stored
-    pub from_view: fn(&Value) -> Result<Value, String>,
+    pub from_view: &'static (dyn Fn(&Value) -> Result<Value, String> + Send + Sync),
     /// A field selector field of the served version as the stored field.
-    pub field: fn(&str) -> String,
+    pub field: &'static (dyn Fn(&str) -> String + Send + Sync),
+}
+
+impl std::fmt::Debug for View {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "View({}/{} {} of {}/{})", self.group, self.version, self.kind, self.storage.0, self.storage.1)
+    }
 }
 
 impl View {
@@ -40,9 +46,9 @@ pub static EVENTS_V1: View = View {
     version: "v1",
     kind: "Event",
     storage: ("", "v1", "events"),
-    to_view: crate::eventsview::to_v1,
-    from_view: events_from_v1,
-    field: crate::eventsview::core_field,
+    to_view: &crate::eventsview::to_v1,
+    from_view: &events_from_v1,
+    field: &crate::eventsview::core_field,
 };
 
 pub static HPA_V1: View = View {
@@ -50,12 +56,46 @@ pub static HPA_V1: View = View {
     version: "v1",
     kind: "HorizontalPodAutoscaler",
     storage: ("autoscaling", "v2", "horizontalpodautoscalers"),
-    to_view: crate::hpaview::to_v1,
-    from_view: crate::hpaview::from_v1,
-    field: same_field,
+    to_view: &crate::hpaview::to_v1,
+    from_view: &crate::hpaview::from_v1,
+    field: &same_field,
 };
 
-/// The view a resource is served through, if it is not stored as itself.
+/// The view a resource is served through, if it is not stored as itself: a built-in one,
+/// or a custom resource version other than its CRD's storage version.
 pub fn of(res: &ResourceDef) -> Option<&'static View> {
+    if let Some(custom) = res.custom {
+        return custom.view;
+    }
     [&EVENTS_V1, &HPA_V1].into_iter().find(|v| v.group == res.group && v.version == res.version && v.kind == res.kind)
+}
+
+/// A CustomResourceDefinition version served beside its storage version, with Kubernetes'
+/// `conversion: None`: objects are stored as the storage version and served as the version
+/// asked for, only `apiVersion` changing. Leaked: built when a CRD changes.
+pub fn custom_version(
+    group: &'static str,
+    version: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    storage_version: &'static str,
+) -> &'static View {
+    let served: &'static str = Box::leak(format!("{group}/{version}").into_boxed_str());
+    let stored: &'static str = Box::leak(format!("{group}/{storage_version}").into_boxed_str());
+    let with_version = |obj: &Value, api_version: &'static str| {
+        let mut obj = obj.clone();
+        if let Some(m) = obj.as_object_mut() {
+            m.insert("apiVersion".into(), Value::String(api_version.into()));
+        }
+        obj
+    };
+    Box::leak(Box::new(View {
+        group,
+        version,
+        kind,
+        storage: (group, storage_version, plural),
+        to_view: Box::leak(Box::new(move |obj: &Value| with_version(obj, served))),
+        from_view: Box::leak(Box::new(move |obj: &Value| Ok(with_version(obj, stored)))),
+        field: &same_field,
+    }))
 }

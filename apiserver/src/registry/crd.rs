@@ -373,6 +373,14 @@ pub fn resource_defs(crd: &Value) -> Vec<&'static ResourceDef> {
     let (plural, kind, singular) = (leak(plural), leak(kind), leak(singular));
     let storage = leak(format!("{group}/{plural}"));
     let terminating = crd.pointer("/metadata/deletionTimestamp").is_some();
+    let versions = crd.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let is_served = |v: &Value| v.get("served").and_then(Value::as_bool) != Some(false);
+    // The storage version, if served (otherwise every version is served as stored).
+    let storage_version = versions
+        .iter()
+        .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true) && is_served(v))
+        .and_then(|v| v.get("name").and_then(Value::as_str))
+        .map(|v| leak(v.to_string()));
     let mut out = Vec::new();
     for v in crd.pointer("/spec/versions").and_then(Value::as_array).into_iter().flatten() {
         if v.get("served").and_then(Value::as_bool) == Some(false) {
@@ -402,11 +410,15 @@ pub fn resource_defs(crd: &Value) -> Vec<&'static ResourceDef> {
             })
             .collect();
         let strategy: &'static CustomStrategy = Box::leak(Box::new(CustomStrategy { schema: schema.clone(), scale }));
+        let version: &'static str = leak(version.to_string());
+        let view = storage_version
+            .filter(|s| *s != version)
+            .map(|s| crate::views::custom_version(group, version, kind, plural, s));
         let custom: &'static CustomInfo =
-            Box::leak(Box::new(CustomInfo { printer_columns: columns, schema, terminating }));
+            Box::leak(Box::new(CustomInfo { printer_columns: columns, schema, terminating, view }));
         out.push(&*Box::leak(Box::new(ResourceDef {
             group,
-            version: leak(version.to_string()),
+            version,
             kind,
             plural,
             singular,

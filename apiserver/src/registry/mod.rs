@@ -60,6 +60,8 @@ pub struct CustomInfo {
     /// The CRD is being deleted: its objects are served for reads, updates and deletes
     /// while they are removed, but no new ones are created.
     pub terminating: bool,
+    /// A version other than the storage version: served as a view of it.
+    pub view: Option<&'static crate::views::View>,
 }
 
 /// A subresource of a resource, e.g. `pods/status`.

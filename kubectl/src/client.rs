@@ -193,6 +193,19 @@ impl Ctx {
             }
             return Ok(r);
         }
+        if let Some(r) = resources::resolve(arg, self.discovery().await?) {
+            return Ok(r);
+        }
+        // `<resource>.<version>.<group>` of a version that is not the preferred one.
+        if let Some((_, rest)) = arg.split_once('.') {
+            if let Some((version, group)) = rest.split_once('.') {
+                if let Some(list) = self.group_version(&format!("{group}/{version}")).await {
+                    if let Some(r) = resources::resolve(arg, &list) {
+                        return Ok(r);
+                    }
+                }
+            }
+        }
         resources::resolve(arg, self.discovery().await?).ok_or_else(|| {
             KubectlError::msg(format!(
                 "the server doesn't have a resource type \"{}\"",
@@ -206,7 +219,22 @@ impl Ctx {
         if let Some(r) = resources::by_kind(api_version, kind, &resources::well_known()) {
             return Ok(Some(r));
         }
-        Ok(resources::by_kind(api_version, kind, self.discovery().await?))
+        if let Some(r) = resources::by_kind(api_version, kind, self.discovery().await?) {
+            return Ok(Some(r));
+        }
+        // A served version that is not the group's preferred one (discovery lists only
+        // those): ask that group version itself.
+        Ok(match self.group_version(api_version).await {
+            Some(list) => resources::by_kind(api_version, kind, &list),
+            None => None,
+        })
+    }
+
+    /// The resources of one group version (`/api/v1`, `/apis/<group>/<version>`), if served.
+    async fn group_version(&self, api_version: &str) -> Option<Vec<ApiRes>> {
+        let path =
+            if api_version.contains('/') { format!("/apis/{api_version}") } else { format!("/api/{api_version}") };
+        self.get(&path).await.ok().map(|doc| resources::parse_resource_list(&doc))
     }
 }
 

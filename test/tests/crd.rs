@@ -249,5 +249,19 @@ fn every_served_version_of_a_crd_reads_and_writes_the_same_objects() -> Result<(
     ensure!(updated.ok, "{updated:?}");
     let out = k(&["get", "widgets.v1.example.com", "w1", "-o", "jsonpath={.apiVersion} {.spec.size}"])?;
     ensure!(out.stdout == "example.com/v1 5", "{out:?}");
+
+    // Our kubectl maps a manifest of a version that is not the preferred one, and reads
+    // through it.
+    let ours = e2e::kubectl::our_kubectl();
+    let w2 = "apiVersion: example.com/v1beta1\nkind: Widget\nmetadata: {name: w2}\nspec: {size: 7}\n";
+    let out = e2e::kubectl::run(&ours, &server.url(), &["apply", "-f", "-"], Some(w2))?;
+    ensure!(out.code == 0 && out.stdout.contains("widget.example.com/w2 created"), "{out:?}");
+    let out = e2e::kubectl::run(
+        &ours,
+        &server.url(),
+        &["get", "widgets.v1beta1.example.com", "w2", "-o", "jsonpath={.apiVersion} {.spec.size}"],
+        None,
+    )?;
+    ensure!(out.stdout == "example.com/v1beta1 7", "{out:?}");
     Ok(())
 }

@@ -1,5 +1,54 @@
-//! Kubernetes' short human durations (`k8s.io/apimachinery/pkg/util/duration.HumanDuration`),
-//! as printed in AGE columns: "5s", "3m20s", "4h", "2d", "3y".
+//! Durations as Kubernetes writes and reads them: the short human form of AGE columns
+//! (`k8s.io/apimachinery/pkg/util/duration.HumanDuration`: "5s", "3m20s", "4h", "2d", "3y"),
+//! and Go's `time.ParseDuration` syntax that flags and API fields take ("5m", "1h30m",
+//! "500ms") — the one parser every binary uses.
+
+use std::time::Duration;
+
+/// Go's duration syntax: a sequence of decimal numbers with units (`ns`, `us`/`µs`, `ms`,
+/// `s`, `m`, `h`), e.g. `5m`, `1h30m`, `1.5s`, `500ms`; `0` alone; a unit is required.
+pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        if num_len == 0 {
+            return Err(format!("invalid duration {s:?}"));
+        }
+        let n: f64 = rest[..num_len].parse().map_err(|_| format!("invalid duration {s:?}"))?;
+        rest = &rest[num_len..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let factor = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            "ns" => 0.000_000_001,
+            "" => return Err(format!("missing unit in duration {s:?}")),
+            u => return Err(format!("unknown unit {u:?} in duration {s:?}")),
+        };
+        total += n * factor;
+        rest = &rest[unit_len..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+/// [`parse_go_duration`], or a bare number of seconds (`30`, `1.5`): what the flags that
+/// have always also taken plain seconds accept.
+pub fn parse_seconds_or_go_duration(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(n) if n >= 0.0 && n.is_finite() => Ok(Duration::from_secs_f64(n)),
+        _ => parse_go_duration(s),
+    }
+}
 
 /// Format a number of seconds the way `duration.HumanDuration` does.
 pub fn human_duration(secs: i64) -> String {

@@ -262,52 +262,10 @@ pub async fn start_authorization(state: &server::AppState) -> Result<(), error::
     Ok(())
 }
 
-/// Parse a Go duration as Kubernetes flags take them: `5m`, `30s`, `1h30m`, `500ms`, `0`.
-pub fn parse_go_duration(s: &str) -> Result<std::time::Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(std::time::Duration::ZERO);
-    }
-    let mut total = 0f64;
-    let mut rest = s;
-    if rest.is_empty() {
-        return Err("empty duration".into());
-    }
-    while !rest.is_empty() {
-        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        if num_len == 0 {
-            return Err(format!("invalid duration {s:?}"));
-        }
-        let n: f64 = rest[..num_len].parse().map_err(|_| format!("invalid duration {s:?}"))?;
-        rest = &rest[num_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let factor = match &rest[..unit_len] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 0.001,
-            "us" | "µs" => 0.000_001,
-            "ns" => 0.000_000_001,
-            u => return Err(format!("unknown unit {u:?} in duration {s:?}")),
-        };
-        total += n * factor;
-        rest = &rest[unit_len..];
-    }
-    Ok(std::time::Duration::from_secs_f64(total))
-}
+pub use apimachinery::duration::parse_go_duration;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(parse_go_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_go_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        assert_eq!(parse_go_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_go_duration("0").unwrap(), Duration::ZERO);
-        assert!(parse_go_duration("5x").is_err());
-        assert!(parse_go_duration("m").is_err());
-    }
 }

@@ -107,34 +107,8 @@ impl Args {
     }
 }
 
-/// A duration in Go's syntax, as Kubernetes' flags take them: `15s`, `1m30s`, `500ms`, `2h`
-/// (units ns, us, µs, ms, s, m, h; a unit is required).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let mut total = Duration::ZERO;
-    let mut rest = s.trim();
-    if rest.is_empty() {
-        return Err("empty duration".into());
-    }
-    while !rest.is_empty() {
-        let n_end =
-            rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or(format!("missing unit in duration {s:?}"))?;
-        let n: f64 = rest[..n_end].parse().map_err(|_| format!("invalid duration {s:?}"))?;
-        rest = &rest[n_end..];
-        let u_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let mult = match &rest[..u_end] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            u => return Err(format!("unknown unit {u:?} in duration {s:?}")),
-        };
-        total += Duration::from_secs_f64(n * mult);
-        rest = &rest[u_end..];
-    }
-    Ok(total)
-}
+/// A duration in Go's syntax, as Kubernetes' flags take them (`15s`, `1m30s`, `500ms`).
+pub use apimachinery::duration::parse_go_duration as parse_duration;
 
 /// What a candidate should write given the Lease it read (None = absent) at `now`.
 #[derive(Debug, PartialEq)]

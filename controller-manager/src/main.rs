@@ -200,17 +200,7 @@ struct Args {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) =
-        s.trim().split_at(s.trim().find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.trim().len()));
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1000.0,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}")),
-    };
-    Ok(Duration::from_secs_f64(secs))
+    apimachinery::duration::parse_seconds_or_go_duration(s)
 }
 
 fn to_signed(d: Duration) -> k8s_openapi::jiff::SignedDuration {

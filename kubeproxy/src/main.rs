@@ -98,16 +98,7 @@ struct Args {
 static PUBLISHED: std::sync::OnceLock<(kube::Client, dnsservice::Publish)> = std::sync::OnceLock::new();
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map(|i| s.split_at(i)).unwrap_or((s, "s"));
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" | "" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}")),
-    };
-    Ok(Duration::from_secs_f64(secs))
+    apimachinery::duration::parse_seconds_or_go_duration(s)
 }
 
 fn hostname() -> String {

@@ -350,33 +350,7 @@ pub fn fqdn(name: &str, namespace: &str, domain: &str) -> String {
 
 /// A Go duration as Istio's API writes them (`5s`, `1.5s`, `100ms`, `1h30m`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Err("empty duration".into());
-    }
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut total = 0f64;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let n: f64 = rest[..num_len].parse().map_err(|_| format!("invalid duration {s:?}"))?;
-        rest = &rest[num_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let factor = match &rest[..unit_len] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 0.001,
-            "us" | "µs" => 0.000_001,
-            "ns" => 0.000_000_001,
-            u => return Err(format!("unknown unit {u:?} in duration {s:?}")),
-        };
-        total += n * factor;
-        rest = &rest[unit_len..];
-    }
-    Ok(Duration::from_secs_f64(total))
+    apimachinery::duration::parse_go_duration(s)
 }
 
 // ---------------------------------------------------------------------------------------

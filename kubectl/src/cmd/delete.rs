@@ -93,38 +93,8 @@ pub fn delete_options(cascade: &str, grace_period: i64, now: bool, force: bool) 
 
 /// Parse a Go-style duration (`30s`, `2m`, `1h`, `500ms`, plain seconds). Pure.
 pub fn parse_duration(s: &str) -> Result<Duration> {
-    let bad = || KubectlError::msg(format!("invalid duration {s:?}"));
-    if let Ok(n) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(n));
-    }
-    let mut total = Duration::ZERO;
-    let mut num = String::new();
-    let mut chars = s.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c.is_ascii_digit() || c == '.' {
-            num.push(c);
-            continue;
-        }
-        let mut unit = c.to_string();
-        if c == 'm' && chars.peek() == Some(&'s') {
-            unit.push('s');
-            chars.next();
-        }
-        let n: f64 = num.parse().map_err(|_| bad())?;
-        num.clear();
-        let secs = match unit.as_str() {
-            "ms" => n / 1000.0,
-            "s" => n,
-            "m" => n * 60.0,
-            "h" => n * 3600.0,
-            _ => return Err(bad()),
-        };
-        total += Duration::from_secs_f64(secs);
-    }
-    if !num.is_empty() {
-        return Err(bad());
-    }
-    Ok(total)
+    apimachinery::duration::parse_seconds_or_go_duration(s)
+        .map_err(|_| KubectlError::msg(format!("invalid duration {s:?}")))
 }
 
 /// Poll until `path` is gone (404), or the timeout (if any) passes.

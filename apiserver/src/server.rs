@@ -587,7 +587,7 @@ async fn resource_request(
     let table = wants_table(headers);
     // Admission that depends on who asks: escalation prevention, NodeRestriction.
     let admit = crate::authz::write_admission(&state.authz, user, &rp);
-    let webhooks = || {
+    let webhooks = || -> Option<Arc<dyn crate::registry::generic::AdmissionWebhooks>> {
         Some(Arc::new(crate::webhook::Caller {
             webhooks: state.webhooks.clone(),
             user: crate::webhook::user_info(user),

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::listener::Ctx;
+use crate::ctx::Ctx;
 
 /// Ready: CDS and LDS were accepted once, and the sidecar is not draining.
 pub fn ready(ctx: &Ctx) -> bool {

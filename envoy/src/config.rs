@@ -34,7 +34,7 @@ use envoy_types::pb::google::protobuf::Any;
 use regex::Regex;
 
 use crate::retry::{RetryOn, RetryPolicy};
-use crate::upstream::{ClusterState, EndpointState};
+use crate::state::{ClusterState, EndpointState};
 
 pub const HCM: &str = "envoy.filters.network.http_connection_manager";
 pub const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";

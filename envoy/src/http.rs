@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use crate::config::{
     Action, Cluster, ClusterKind, Fault, Forward, HttpManager, Percent, RouteSource, Snapshot, Target,
 };
-use crate::listener::{Ctx, Direction};
+use crate::ctx::{Ctx, Direction};
 use crate::metrics::{self, Peers};
 use crate::node::{self, PEER_ID_HEADER, PEER_METADATA_HEADER};
 use crate::pool::ReqBody;

@@ -3,31 +3,12 @@
 //! [`select_outbound`] / [`select_inbound`] choose, or pass it through to where it was going.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use http::HeaderValue;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::{ChainKind, Listener, Snapshot};
-use crate::node::Identity;
-use crate::xds::Shared;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    Outbound,
-    Inbound,
-}
-
-/// What every connection handler shares.
-pub struct Ctx {
-    pub shared: Shared,
-    pub identity: Identity,
-    /// Header values sent to peers (computed once).
-    pub node_id: HeaderValue,
-    pub peer_metadata: HeaderValue,
-    pub draining: AtomicBool,
-}
+use crate::ctx::{Ctx, Direction};
 
 /// The filter chain of `l` for a connection to `port`: the chain matching the port, then a
 /// chain without a port condition, then the listener's default chain.

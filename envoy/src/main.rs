@@ -17,6 +17,7 @@
 
 mod admin;
 mod config;
+mod ctx;
 mod http;
 mod listener;
 mod metrics;
@@ -25,6 +26,7 @@ mod pool;
 mod retry;
 mod route;
 mod sockopt;
+mod state;
 mod tcp;
 mod upstream;
 mod xds;
@@ -39,7 +41,7 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand};
 
-use crate::listener::{Ctx, Direction};
+use crate::ctx::{Ctx, Direction};
 
 #[derive(Parser, Debug)]
 #[command(name = "envoy", about = "MiniK8s sidecar proxy (xDS v3 data plane)")]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::net::TcpStream;
 
 use crate::config::{ClusterKind, Snapshot, Target, TcpProxy, INBOUND_PASSTHROUGH, PASSTHROUGH};
-use crate::listener::{Ctx, Direction};
+use crate::ctx::{Ctx, Direction};
 use crate::metrics::{self, Peers};
 use crate::upstream::{self, Gauge};
 

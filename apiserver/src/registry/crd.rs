@@ -411,11 +411,9 @@ pub fn resource_defs(crd: &Value) -> Vec<&'static ResourceDef> {
             .collect();
         let strategy: &'static CustomStrategy = Box::leak(Box::new(CustomStrategy { schema: schema.clone(), scale }));
         let version: &'static str = leak(version.to_string());
-        let view = storage_version
-            .filter(|s| *s != version)
-            .map(|s| crate::views::custom_version(group, version, kind, plural, s));
+        let storage_version = storage_version.filter(|s| *s != version);
         let custom: &'static CustomInfo =
-            Box::leak(Box::new(CustomInfo { printer_columns: columns, schema, terminating, view }));
+            Box::leak(Box::new(CustomInfo { printer_columns: columns, schema, terminating, storage_version }));
         out.push(&*Box::leak(Box::new(ResourceDef {
             group,
             version,

@@ -40,7 +40,34 @@ pub struct WriteOptions {
     pub admit: Option<Admit>,
     /// Admission webhooks (the request path sets it for client requests; writes the
     /// apiserver makes itself meet none).
-    pub webhooks: Option<Arc<crate::webhook::Caller>>,
+    pub webhooks: Option<Arc<dyn AdmissionWebhooks>>,
+}
+
+/// Admission webhooks as the store calls them during a write (`crate::webhook` implements
+/// them): mutating ones before the strategy's defaults and validation, validating ones
+/// right before the transaction.
+#[async_trait::async_trait]
+pub trait AdmissionWebhooks: Send + Sync + std::fmt::Debug {
+    /// Run the mutating webhooks `obj` meets; whether it changed, and their warnings.
+    async fn mutate(
+        &self,
+        w: &WebhookWrite<'_>,
+        obj: &mut Value,
+        old: Option<&Value>,
+    ) -> ApiResult<(bool, Vec<String>)>;
+    /// Run the validating webhooks the write meets; their warnings, or the refusal.
+    async fn validate(&self, w: &WebhookWrite<'_>, obj: Option<&Value>, old: Option<&Value>) -> ApiResult<Vec<String>>;
+}
+
+/// What the store says about a write to the admission webhooks.
+pub struct WebhookWrite<'a> {
+    pub res: &'a ResourceDef,
+    pub operation: Operation,
+    /// Empty for the main resource.
+    pub subresource: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub dry_run: bool,
 }
 
 /// A request's validating admission check (see [`WriteOptions::admit`]).
@@ -72,8 +99,8 @@ impl WriteOptions {
         subresource: &'a str,
         namespace: &'a str,
         name: &'a str,
-    ) -> crate::webhook::Write<'a> {
-        crate::webhook::Write { res, operation, subresource, namespace, name, dry_run: self.dry_run }
+    ) -> WebhookWrite<'a> {
+        WebhookWrite { res, operation, subresource, namespace, name, dry_run: self.dry_run }
     }
 }
 
@@ -105,7 +132,7 @@ pub struct DeleteOptions {
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<String>,
     /// Admission webhooks (DELETE), as [`WriteOptions::webhooks`].
-    pub webhooks: Option<Arc<crate::webhook::Caller>>,
+    pub webhooks: Option<Arc<dyn AdmissionWebhooks>>,
 }
 
 /// What a guarded update does to the main object.
@@ -1152,7 +1179,7 @@ impl Registry {
                 }
             }
             if let Some(hooks) = &opts.webhooks {
-                let w = crate::webhook::Write {
+                let w = WebhookWrite {
                     res,
                     operation: Operation::Delete,
                     subresource: "",

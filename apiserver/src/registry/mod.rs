@@ -60,8 +60,9 @@ pub struct CustomInfo {
     /// The CRD is being deleted: its objects are served for reads, updates and deletes
     /// while they are removed, but no new ones are created.
     pub terminating: bool,
-    /// A version other than the storage version: served as a view of it.
-    pub view: Option<&'static crate::views::View>,
+    /// The CRD's storage version when it is served and is not this one: this version is
+    /// then served as a view of it (`views.rs`).
+    pub storage_version: Option<&'static str>,
 }
 
 /// A subresource of a resource, e.g. `pods/status`.

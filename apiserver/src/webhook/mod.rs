@@ -11,7 +11,7 @@
 //! - `review.rs` — the AdmissionReview request and the reading of the answer (pure).
 //! - `call.rs` — the HTTPS POST.
 //! - this module — the configurations, kept from storage by a list + watch, and the two
-//!   entry points the generic store calls ([`Caller::mutate`], [`Caller::validate`]).
+//!   entry points the generic store calls (`Caller` implements its `AdmissionWebhooks`).
 //!
 //! With no configuration stored, a write pays one atomic load.
 
@@ -28,10 +28,9 @@ use serde_json::{json, Value};
 use storage::{Range, Store};
 
 use crate::error::{ApiError, ApiResult};
-use crate::registry::generic::{key_of, prefix_of};
-use crate::registry::ResourceDef;
+use crate::registry::generic::{key_of, prefix_of, AdmissionWebhooks, WebhookWrite as Write};
 use crate::resources;
-use rules::{Attributes, FailurePolicy, Hook, Operation, SideEffects};
+use rules::{Attributes, FailurePolicy, Hook, SideEffects};
 
 pub const GROUP: &str = "admissionregistration.k8s.io";
 const KINDS: [(&str, bool); 2] = [("mutatingwebhookconfigurations", true), ("validatingwebhookconfigurations", false)];
@@ -181,26 +180,15 @@ fn service_endpoint(svc: &Value, endpoints: &Value, port: u16) -> Option<(String
     None
 }
 
-/// What the generic store says about the write.
-pub struct Write<'a> {
-    pub res: &'a ResourceDef,
-    pub operation: Operation,
-    pub subresource: &'a str,
-    pub namespace: &'a str,
-    pub name: &'a str,
-    pub dry_run: bool,
-}
-
-impl Write<'_> {
-    fn attributes(&self) -> Attributes<'_> {
-        Attributes {
-            operation: self.operation,
-            group: self.res.group,
-            version: self.res.version,
-            resource: self.res.plural,
-            subresource: self.subresource,
-            namespaced: self.res.namespaced,
-        }
+/// The attributes rules match a write by.
+fn attributes<'a>(w: &'a Write<'a>) -> Attributes<'a> {
+    Attributes {
+        operation: w.operation,
+        group: w.res.group,
+        version: w.res.version,
+        resource: w.res.plural,
+        subresource: w.subresource,
+        namespaced: w.res.namespaced,
     }
 }
 
@@ -212,7 +200,7 @@ async fn matching<'h>(
     obj: Option<&Value>,
     old: Option<&Value>,
 ) -> ApiResult<Vec<&'h Hook>> {
-    let a = w.attributes();
+    let a = attributes(w);
     let candidates: Vec<&Hook> = hooks.iter().filter(|h| h.matches(&a, obj, old)).collect();
     if candidates.iter().all(|h| !h.needs_namespace(&a)) {
         return Ok(candidates);
@@ -244,7 +232,12 @@ impl Caller {
 
     /// Run the mutating webhooks `obj` meets, applying their patches to it. Returns whether
     /// it changed and the webhooks' warnings.
-    pub async fn mutate(&self, w: &Write<'_>, obj: &mut Value, old: Option<&Value>) -> ApiResult<(bool, Vec<String>)> {
+    async fn run_mutating(
+        &self,
+        w: &Write<'_>,
+        obj: &mut Value,
+        old: Option<&Value>,
+    ) -> ApiResult<(bool, Vec<String>)> {
         let configured = self.webhooks.current().await?;
         if configured.mutating.is_empty() {
             return Ok((false, vec![]));
@@ -303,7 +296,7 @@ impl Caller {
 
     /// Run the validating webhooks the write meets, all at once; the first denial or
     /// failure (in the configurations' order) refuses it.
-    pub async fn validate(&self, w: &Write<'_>, obj: Option<&Value>, old: Option<&Value>) -> ApiResult<Vec<String>> {
+    async fn run_validating(&self, w: &Write<'_>, obj: Option<&Value>, old: Option<&Value>) -> ApiResult<Vec<String>> {
         let configured = self.webhooks.current().await?;
         if configured.validating.is_empty() {
             return Ok(vec![]);
@@ -324,6 +317,16 @@ impl Caller {
             }
         }
         Ok(warnings)
+    }
+}
+
+#[async_trait::async_trait]
+impl AdmissionWebhooks for Caller {
+    async fn mutate(&self, w: &Write<'_>, obj: &mut Value, old: Option<&Value>) -> ApiResult<(bool, Vec<String>)> {
+        self.run_mutating(w, obj, old).await
+    }
+    async fn validate(&self, w: &Write<'_>, obj: Option<&Value>, old: Option<&Value>) -> ApiResult<Vec<String>> {
+        self.run_validating(w, obj, old).await
     }
 }
 

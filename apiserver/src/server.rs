@@ -588,6 +588,9 @@ async fn resource_request(
     // Admission that depends on who asks: escalation prevention, NodeRestriction.
     let admit = crate::authz::write_admission(&state.authz, user, &rp);
     let webhooks = || -> Option<Arc<dyn crate::registry::generic::AdmissionWebhooks>> {
+        if state.webhooks.none_configured() {
+            return None;
+        }
         Some(Arc::new(crate::webhook::Caller {
             webhooks: state.webhooks.clone(),
             user: crate::webhook::user_info(user),

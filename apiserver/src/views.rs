@@ -66,41 +66,30 @@ pub static HPA_V1: View = View {
 pub fn of(res: &ResourceDef) -> Option<&'static View> {
     if let Some(custom) = res.custom {
         let storage = custom.storage_version?;
-        return Some(custom_version(res.group, res.version, res.kind, res.plural, storage));
+        return Some(custom_version((res.group, res.version, res.kind, res.plural, storage)));
     }
     [&EVENTS_V1, &HPA_V1].into_iter().find(|v| v.group == res.group && v.version == res.version && v.kind == res.kind)
 }
 
+/// group, version, kind, plural and storage version of a custom resource version.
+type CustomKey = (&'static str, &'static str, &'static str, &'static str, &'static str);
+
 /// A CustomResourceDefinition version served beside its storage version, with Kubernetes'
 /// `conversion: None`: objects are stored as the storage version and served as the version
-/// asked for, only `apiVersion` changing. Made once per (group, version, storage version)
-/// and kept (leaked), as the CRD's resource definitions are.
-pub fn custom_version(
-    group: &'static str,
-    version: &'static str,
-    kind: &'static str,
-    plural: &'static str,
-    storage_version: &'static str,
-) -> &'static View {
-    type Key = (&'static str, &'static str, &'static str, &'static str, &'static str);
-    static MADE: std::sync::Mutex<Vec<(Key, &'static View)>> = std::sync::Mutex::new(Vec::new());
-    let key = (group, version, kind, plural, storage_version);
+/// asked for, only `apiVersion` changing. Made once per key and kept (leaked), as the CRD's
+/// resource definitions are.
+fn custom_version(key: CustomKey) -> &'static View {
+    static MADE: std::sync::Mutex<Vec<(CustomKey, &'static View)>> = std::sync::Mutex::new(Vec::new());
     let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, v)) = made.iter().find(|(k, _)| *k == key) {
         return v;
     }
-    let view = make_custom_version(group, version, kind, plural, storage_version);
+    let view = make_custom_version(key);
     made.push((key, view));
     view
 }
 
-fn make_custom_version(
-    group: &'static str,
-    version: &'static str,
-    kind: &'static str,
-    plural: &'static str,
-    storage_version: &'static str,
-) -> &'static View {
+fn make_custom_version((group, version, kind, plural, storage_version): CustomKey) -> &'static View {
     let served: &'static str = Box::leak(format!("{group}/{version}").into_boxed_str());
     let stored: &'static str = Box::leak(format!("{group}/{storage_version}").into_boxed_str());
     let with_version = |obj: &Value, api_version: &'static str| {

@@ -196,22 +196,22 @@ impl Ctx {
         if let Some(r) = resources::resolve(arg, self.discovery().await?) {
             return Ok(r);
         }
-        // `<resource>.<version>.<group>` of a version that is not the preferred one.
-        if let Some((_, rest)) = arg.split_once('.') {
-            if let Some((version, group)) = rest.split_once('.') {
-                if let Some(list) = self.group_version(&format!("{group}/{version}")).await {
-                    if let Some(r) = resources::resolve(arg, &list) {
-                        return Ok(r);
-                    }
-                }
-            }
+        if let Some(r) = self.resolve_non_preferred(arg).await {
+            return Ok(r);
         }
-        resources::resolve(arg, self.discovery().await?).ok_or_else(|| {
-            KubectlError::msg(format!(
-                "the server doesn't have a resource type \"{}\"",
-                arg.split('.').next().unwrap_or(arg)
-            ))
-        })
+        Err(KubectlError::msg(format!(
+            "the server doesn't have a resource type \"{}\"",
+            arg.split('.').next().unwrap_or(arg)
+        )))
+    }
+
+    /// `<resource>.<version>.<group>` of a version that is not its group's preferred one
+    /// (discovery lists only those): that group version is asked.
+    async fn resolve_non_preferred(&self, arg: &str) -> Option<ApiRes> {
+        let (_, rest) = arg.split_once('.')?;
+        let (version, group) = rest.split_once('.')?;
+        let list = self.group_version(&format!("{group}/{version}")).await?;
+        resources::resolve(arg, &list)
     }
 
     /// The resource of a manifest's apiVersion and kind.

@@ -24,6 +24,16 @@ pub fn script(home: &Path, port: u16, args: &[&str]) -> (bool, String) {
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
+/// `scripts/cluster down --purge` of `(home, port)` when dropped: tears a suite's cluster
+/// down even when an assertion fails.
+pub struct Down<'a>(pub &'a Path, pub u16);
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let _ = script(self.0, self.1, &["down", "--purge"]);
+    }
+}
+
 /// The stdout of `sh -c CMD` (whatever its exit status).
 pub fn sh_stdout(cmd: &str) -> String {
     let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::cluster::{component_pid, component_pids, script as cluster, sh_stdout as sh, status_row};
+use e2e::cluster::{component_pid, component_pids, script as cluster, sh_stdout as sh, status_row, Down};
 use e2e::kubelet::{bridge_name, masq_chain};
 use e2e::{free_port, host_cluster_lock, kubectl_bin};
 
@@ -127,12 +127,6 @@ fn components_come_back_by_themselves_and_up_never_duplicates_one() {
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("state");
     let port = free_port();
-    struct Down<'a>(&'a Path, u16);
-    impl Drop for Down<'_> {
-        fn drop(&mut self) {
-            let _ = cluster(self.0, self.1, &["down", "--purge"]);
-        }
-    }
     let down = Down(&home, port);
     let (ok, out) = cluster(&home, port, &["up"]);
     assert!(ok, "cluster up failed:\n{out}");

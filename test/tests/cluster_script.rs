@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use e2e::cluster::{repo, script as cluster, sh_stdout as sh};
+use e2e::cluster::{repo, script as cluster, sh_stdout as sh, Down};
 use e2e::{free_port, host_cluster_lock, kubectl_bin, manifests_dir};
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
@@ -35,15 +35,6 @@ fn host_lock() -> (MutexGuard<'static, ()>, std::fs::File) {
     static HOST: Mutex<()> = Mutex::new(());
     let turn = HOST.lock().unwrap_or_else(|e| e.into_inner());
     (turn, host_cluster_lock())
-}
-
-/// Tears the cluster down even when an assertion fails.
-struct Down<'a>(&'a Path, u16);
-
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        let _ = cluster(self.0, self.1, &["down", "--purge"]);
-    }
 }
 
 #[test]

@@ -13,21 +13,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use e2e::cluster::{repo, script as cluster};
+use e2e::cluster::{repo, script as cluster, Down};
 use e2e::kubelet::require_docker;
 use e2e::{free_port, host_cluster_lock};
 
 fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String) {
     e2e::kubectl_at(kubeconfig, args, stdin)
-}
-
-/// Tears the cluster down even when an assertion fails.
-struct Down<'a>(&'a Path, u16);
-
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        let _ = cluster(self.0, self.1, &["down", "--purge"]);
-    }
 }
 
 struct Mesh {

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::cluster::{repo, script as cluster};
+use e2e::cluster::{repo, script as cluster, Down};
 use e2e::kubelet::{require_docker, Kubelet};
 use e2e::{free_port, host_cluster_lock};
 use serde_json::Value;
@@ -74,15 +74,6 @@ fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>, context:
             panic!("{what}: not within {secs}s\n{}", context());
         }
         std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// Tears the cluster down even when an assertion fails.
-struct Down<'a>(&'a Path, u16);
-
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        let _ = cluster(self.0, self.1, &["down", "--purge"]);
     }
 }
 

@@ -68,6 +68,13 @@ impl Webhooks {
         Arc::new(Webhooks { store, configured: RwLock::new(Arc::new(Configured::default())), start: Once::new() })
     }
 
+    /// Known to have no configuration at all (the feed has listed and found none): the
+    /// request path then hands the store no webhooks, and a write costs nothing more.
+    pub fn none_configured(&self) -> bool {
+        let c = self.configured.read().unwrap_or_else(|p| p.into_inner());
+        c.synced && c.mutating.is_empty() && c.validating.is_empty()
+    }
+
     async fn current(self: &Arc<Self>) -> ApiResult<Arc<Configured>> {
         self.start.call_once(|| {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {

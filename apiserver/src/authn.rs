@@ -13,12 +13,18 @@
 //!
 //! The file is CSV, one user a line: `token,user,uid[,"group1,group2"]` (at least three
 //! columns; an empty token is skipped; a repeated token keeps its last line), exactly as
-//! kube-apiserver's `tokenfile` authenticator reads it. With a file, every request needs
-//! `Authorization: Bearer <token>` of a listed user; otherwise it is answered with
-//! Kubernetes' 401 `Status` (reason `Unauthorized`, message `Unauthorized`). The health and
-//! version endpoints stay open to requests without credentials, as Kubernetes allows them
-//! for `system:unauthenticated`; a request that presents a wrong token is refused
-//! everywhere, as Kubernetes does (a failed authenticator is not anonymous).
+//! kube-apiserver's `tokenfile` authenticator reads it.
+//!
+//! Requests without credentials ([`Anonymous`], `--anonymous-auth`): as kube-apiserver, they
+//! are `system:anonymous` in `system:unauthenticated` and the authorizer decides (RBAC's
+//! `system:public-info-viewer` lets them read health and version; anything else is 403).
+//! With `--anonymous-auth=false` they are 401 everywhere, health included. Under
+//! AlwaysAllow, which would let an anonymous request do anything, kube-apiserver turns
+//! anonymous requests off; we keep them for the health and version endpoints only (what its
+//! structured authentication configuration's anonymous `conditions` express), so probes
+//! without credentials keep working. A request that presents a wrong credential is 401
+//! everywhere, as Kubernetes does (a failed authenticator is not anonymous). 401 is
+//! Kubernetes' `Status` (reason `Unauthorized`, message `Unauthorized`).
 //!
 //! Tokens are compared as SHA-256 digests in constant time against every entry, so neither
 //! the position of a match nor a shared prefix shows in the timing.
@@ -162,6 +168,39 @@ pub fn is_public_path(path: &str) -> bool {
         .any(|p| path == *p || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/')))
 }
 
+/// Who a request without credentials is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Anonymous {
+    /// Nobody: 401 (`--anonymous-auth=false`).
+    Off,
+    /// `system:anonymous` on the health and version endpoints only, 401 elsewhere (the
+    /// AlwaysAllow authorizer, which cannot tell them apart).
+    #[default]
+    PublicPaths,
+    /// `system:anonymous` everywhere; the authorizer decides (`--anonymous-auth`, the
+    /// default, with RBAC and the other deciding authorizers).
+    Everywhere,
+}
+
+impl Anonymous {
+    /// What `--anonymous-auth` means, with or without the AlwaysAllow authorizer.
+    pub fn from_flag(enabled: bool, always_allow: bool) -> Anonymous {
+        match (enabled, always_allow) {
+            (false, _) => Anonymous::Off,
+            (true, true) => Anonymous::PublicPaths,
+            (true, false) => Anonymous::Everywhere,
+        }
+    }
+
+    fn admits(self, path: &str) -> bool {
+        match self {
+            Anonymous::Off => false,
+            Anonymous::PublicPaths => is_public_path(path),
+            Anonymous::Everywhere => true,
+        }
+    }
+}
+
 /// What to do with a request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decision<'a> {
@@ -169,19 +208,21 @@ pub enum Decision<'a> {
     User(&'a UserInfo),
     /// A bearer token for the token authenticators.
     Token(&'a str),
-    /// No credentials, on a public path.
+    /// No credentials, where anonymous requests are admitted.
     Anonymous,
     /// 401.
     Unauthorized,
 }
 
 /// Which credential a request authenticates with (pure): a verified client certificate's
-/// user first, then a bearer token, else anonymous on a public path. A credential that is
-/// present but unreadable is 401 even on public paths (a failed credential is not anonymous).
+/// user first, then a bearer token, else anonymous where `anonymous` admits it. A credential
+/// that is present but unreadable is 401 even on public paths (a failed credential is not
+/// anonymous).
 pub fn decide<'a>(
     certificate: Option<&'a UserInfo>,
     path: &str,
     authorization: Option<&'a HeaderValue>,
+    anonymous: Anonymous,
 ) -> Decision<'a> {
     if let Some(user) = certificate {
         return Decision::User(user);
@@ -197,7 +238,7 @@ pub fn decide<'a>(
     match token {
         Some("") => Decision::Unauthorized,
         Some(t) => Decision::Token(t),
-        None if is_public_path(path) => Decision::Anonymous,
+        None if anonymous.admits(path) => Decision::Anonymous,
         None => Decision::Unauthorized,
     }
 }
@@ -219,6 +260,8 @@ pub trait TokenUser: Send + Sync {
 pub struct Authenticators {
     pub tokens: Option<Arc<TokenAuthenticator>>,
     pub lookups: Vec<Arc<dyn TokenUser>>,
+    /// Who a request without credentials is.
+    pub anonymous: Anonymous,
 }
 
 impl Authenticators {
@@ -249,7 +292,7 @@ async fn authenticate(State(authenticators): State<Arc<Authenticators>>, mut req
     let user = {
         let certificate = req.extensions().get::<CertificateUser>().map(|c| &c.0);
         let authorization = req.headers().get(axum::http::header::AUTHORIZATION);
-        match decide(certificate, req.uri().path(), authorization) {
+        match decide(certificate, req.uri().path(), authorization, authenticators.anonymous) {
             Decision::User(user) => Ok(Some(user.clone())),
             Decision::Token(token) => authenticators.token(token, None).await.map(|(user, _)| Some(user)).ok_or(()),
             Decision::Anonymous => Ok(None),
@@ -353,15 +396,32 @@ mod tests {
         let h = |s: &str| HeaderValue::from_str(s).unwrap();
         let (bearer, wrong, empty, basic) =
             (h("Bearer s3cr3t"), h("Bearer wrong"), h("Bearer  x"), h("Basic YWRtaW46cHc="));
-        assert_eq!(decide(None, "/api/v1/pods", Some(&bearer)), Decision::Token("s3cr3t"));
-        assert_eq!(decide(None, "/api/v1/pods", None), Decision::Unauthorized);
-        assert_eq!(decide(None, "/api/v1/pods", Some(&empty)), Decision::Unauthorized);
-        assert_eq!(decide(None, "/api/v1/pods", Some(&basic)), Decision::Unauthorized);
-        assert_eq!(decide(None, "/readyz", None), Decision::Anonymous);
-        assert_eq!(decide(None, "/version", Some(&basic)), Decision::Anonymous);
-        assert_eq!(decide(None, "/healthz", Some(&wrong)), Decision::Token("wrong"), "checked, not anonymous");
+        let decide = |path, header| decide(None, path, header, Anonymous::PublicPaths);
+        assert_eq!(decide("/api/v1/pods", Some(&bearer)), Decision::Token("s3cr3t"));
+        assert_eq!(decide("/api/v1/pods", None), Decision::Unauthorized);
+        assert_eq!(decide("/api/v1/pods", Some(&empty)), Decision::Unauthorized);
+        assert_eq!(decide("/api/v1/pods", Some(&basic)), Decision::Unauthorized);
+        assert_eq!(decide("/readyz", None), Decision::Anonymous);
+        assert_eq!(decide("/version", Some(&basic)), Decision::Anonymous);
+        assert_eq!(decide("/healthz", Some(&wrong)), Decision::Token("wrong"), "checked, not anonymous");
         let binary = HeaderValue::from_bytes(b"Bearer \xff").unwrap();
-        assert_eq!(decide(None, "/api", Some(&binary)), Decision::Unauthorized);
+        assert_eq!(decide("/api", Some(&binary)), Decision::Unauthorized);
+    }
+
+    #[test]
+    fn anonymous_requests_follow_the_flag_and_the_authorizer() {
+        let wrong = HeaderValue::from_static("Bearer wrong");
+        let everywhere = Anonymous::from_flag(true, false);
+        assert_eq!(everywhere, Anonymous::Everywhere, "the authorizer decides");
+        assert_eq!(decide(None, "/api/v1/secrets", None, everywhere), Decision::Anonymous);
+        assert_eq!(decide(None, "/api", Some(&wrong), everywhere), Decision::Token("wrong"), "still checked");
+        let off = Anonymous::from_flag(false, false);
+        assert_eq!(decide(None, "/healthz", None, off), Decision::Unauthorized, "--anonymous-auth=false: health too");
+        let allow_all = Anonymous::from_flag(true, true);
+        assert_eq!(allow_all, Anonymous::PublicPaths, "AlwaysAllow would let anonymous do anything");
+        assert_eq!(decide(None, "/api", None, allow_all), Decision::Unauthorized);
+        assert_eq!(decide(None, "/livez", None, allow_all), Decision::Anonymous);
+        assert_eq!(Anonymous::from_flag(false, true), Anonymous::Off);
     }
 
     struct Fixed;
@@ -375,17 +435,20 @@ mod tests {
 
     #[tokio::test]
     async fn the_token_file_comes_before_service_account_tokens() {
-        let both = Authenticators { tokens: Some(Arc::new(auth())), lookups: vec![Arc::new(Fixed)] };
+        let both =
+            Authenticators { tokens: Some(Arc::new(auth())), lookups: vec![Arc::new(Fixed)], ..Default::default() };
         assert_eq!(both.token("s3cr3t", None).await.unwrap().0.name, "admin");
         assert_eq!(both.token("jwt", None).await.unwrap().0.name, "sa-jwt");
         assert_eq!(both.token("wrong", None).await, None);
         assert_eq!(both.token("", None).await, None);
         let aud = ["vault".to_string()];
         assert_eq!(both.token("s3cr3t", Some(&aud)).await.unwrap().1, aud, "a file token is good for any audience");
-        let file_only = Authenticators { tokens: Some(Arc::new(auth())), lookups: vec![] };
+        let file_only = Authenticators { tokens: Some(Arc::new(auth())), lookups: vec![], ..Default::default() };
         assert_eq!(file_only.token("jwt", None).await, None);
-        let empty =
-            Authenticators { tokens: Some(Arc::new(TokenAuthenticator::parse(b"", "f").unwrap())), lookups: vec![] };
+        let empty = Authenticators {
+            tokens: Some(Arc::new(TokenAuthenticator::parse(b"", "f").unwrap())),
+            ..Default::default()
+        };
         assert_eq!(empty.token("x", None).await, None, "an empty file lets nobody in");
     }
 
@@ -397,7 +460,7 @@ mod tests {
 
         let router = layer(
             Router::new().route("/api", get(|| async { "api" })).route("/healthz", get(|| async { "ok" })),
-            Arc::new(Authenticators { tokens: Some(Arc::new(auth())), lookups: vec![] }),
+            Arc::new(Authenticators { tokens: Some(Arc::new(auth())), lookups: vec![], ..Default::default() }),
         );
         let call = |path: &str, token: Option<&str>| {
             let mut req = Request::builder().uri(path);
@@ -453,10 +516,11 @@ mod tests {
     fn the_certificate_comes_before_tokens() {
         let jane = UserInfo { name: "jane".into(), uid: String::new(), groups: vec![] };
         let wrong = HeaderValue::from_static("Bearer wrong");
-        assert_eq!(decide(Some(&jane), "/api", Some(&wrong)), Decision::User(&jane));
-        assert_eq!(decide(Some(&jane), "/api", None), Decision::User(&jane));
-        assert_eq!(decide(None, "/api", None), Decision::Unauthorized);
-        assert_eq!(decide(None, "/healthz", None), Decision::Anonymous);
+        let p = Anonymous::PublicPaths;
+        assert_eq!(decide(Some(&jane), "/api", Some(&wrong), p), Decision::User(&jane));
+        assert_eq!(decide(Some(&jane), "/api", None, p), Decision::User(&jane));
+        assert_eq!(decide(None, "/api", None, p), Decision::Unauthorized);
+        assert_eq!(decide(None, "/healthz", None, p), Decision::Anonymous);
     }
 
     #[tokio::test]

@@ -71,6 +71,8 @@ pub struct Options {
     pub authorization_modes: Vec<authz::Mode>,
     /// `--enable-bootstrap-token-auth`.
     pub enable_bootstrap_token_auth: bool,
+    /// `--anonymous-auth` with the authorization modes: who a request without credentials is.
+    pub anonymous: authn::Anonymous,
 }
 
 impl Default for Options {
@@ -89,6 +91,7 @@ impl Default for Options {
             service_account_issuer: None,
             authorization_modes: vec![authz::Mode::AlwaysAllow],
             enable_bootstrap_token_auth: false,
+            anonymous: authn::Anonymous::PublicPaths,
         }
     }
 }
@@ -112,6 +115,7 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         authenticators: Arc::new(authn::Authenticators {
             tokens: opts.tokens.clone(),
             lookups: token_lookups(opts, &registry),
+            anonymous: opts.anonymous,
         }),
         service_account_issuer: opts.service_account_issuer.clone(),
         authz: Arc::new(authz::Authorizer::new(opts.authorization_modes.clone())),

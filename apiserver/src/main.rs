@@ -54,6 +54,12 @@ struct Args {
     /// client certificate (and its Organizations as groups).
     #[arg(long)]
     client_ca_file: Option<PathBuf>,
+    /// Enables anonymous requests: requests no authenticator rejects are served as
+    /// system:anonymous in system:unauthenticated, and the authorizer decides (RBAC lets
+    /// them read health and version only). With AlwaysAllow they are limited to the health
+    /// and version endpoints.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    anonymous_auth: bool,
     /// Client certificate (PEM) the apiserver presents to kubelets (logs, exec, port-forward,
     /// node proxy, stats).
     #[arg(long, requires = "kubelet_client_key")]
@@ -102,8 +108,8 @@ struct Args {
     /// How long Events are kept after they last happened (Go duration; 0 keeps them).
     #[arg(long, default_value = "1h")]
     event_ttl: String,
-    /// Static token file (CSV: token,user,uid,"group1,group2"); when set, every request but
-    /// /healthz, /livez, /readyz and /version needs `Authorization: Bearer <token>`.
+    /// Static token file (CSV: token,user,uid,"group1,group2"): requests authenticate with
+    /// `Authorization: Bearer <token>` of a listed user (see --anonymous-auth for the others).
     #[arg(long)]
     token_auth_file: Option<PathBuf>,
     /// Ordered list of plug-ins that authorize requests (comma-separated): AlwaysAllow,
@@ -275,6 +281,10 @@ async fn main() -> anyhow::Result<()> {
         watch_cache_size: args.default_watch_cache_size,
         tokens: authn.clone(),
         service_account_issuer: service_account_issuer(&args)?,
+        anonymous: apiserver::authn::Anonymous::from_flag(
+            args.anonymous_auth,
+            authorization_modes.contains(&apiserver::authz::Mode::AlwaysAllow),
+        ),
         authorization_modes,
     };
     let state = apiserver::build_state(store, &opts)?;

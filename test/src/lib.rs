@@ -304,7 +304,8 @@ impl ApiServer {
                 }
             }
             if let Ok(r) = raw(self.port, "GET", "/readyz", None, b"") {
-                if r.status == 200 {
+                // 401: serving, with anonymous requests off (it listens once bootstrapped).
+                if r.status == 200 || r.status == 401 {
                     return Ok(());
                 }
             }

@@ -151,8 +151,8 @@ fn server_and_joined_node_with_token_authentication() {
 
     // A wrong token: the official kubectl is told it is not logged in; it decodes the answer
     // as Kubernetes' Status (client-go prints its message, `Unauthorized`). No credentials at
-    // all: over HTTPS it asks for a user name, as with any kube-apiserver, and without a
-    // terminal gives up.
+    // all: over HTTPS kubectl asks for a user name before it sends anything, as with any
+    // kube-apiserver, and without a terminal gives up.
     let mut args = vec![empty_arg.as_str(), "--server", server.as_str(), ca_arg.as_str(), "--token", "not-the-token"];
     for (what, want) in [
         (&["get", "--raw", "/api/v1/namespaces"][..], "error: You must be logged in to the server (Unauthorized)"),
@@ -164,19 +164,23 @@ fn server_and_joined_node_with_token_authentication() {
     args.truncate(args.len() - 2);
     let (ok, out) = kubectl(&[&args[..], &["get", "pods"][..]].concat());
     assert!(!ok && out.contains("Please enter Username"), "kubectl without credentials:\n{out}");
-    // The response itself is Kubernetes' Status; health stays open without credentials.
+    // Sent without credentials, a request is system:anonymous's, which RBAC refuses with
+    // Kubernetes' 403 Status, as a kubeadm cluster does; health stays open.
     let curl = |path: &str| {
         let out = sh(&format!("curl -sS --cacert {} -w '\\n%{{http_code}}' {server}{path}", ca.display()));
         let (body, code) = out.rsplit_once('\n').map(|(b, c)| (b.to_string(), c.to_string())).unwrap_or_default();
         (code, body)
     };
     let (code, body) = curl("/api/v1/namespaces");
-    assert_eq!(code, "401", "{body}");
+    assert_eq!(code, "403", "{body}");
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&body).unwrap(),
         serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                           "message": "Unauthorized", "reason": "Unauthorized", "code": 401})
+                           "message": "namespaces is forbidden: User \"system:anonymous\" cannot list resource \"namespaces\" in API group \"\" at the cluster scope",
+                           "reason": "Forbidden", "details": {"kind": "namespaces"}, "code": 403})
     );
+    // Discovery is for authenticated users only (system:discovery).
+    assert_eq!(curl("/api").0, "403", "discovery without credentials");
     for path in ["/readyz", "/livez", "/healthz", "/version"] {
         assert_eq!(curl(path).0, "200", "{path} without credentials");
     }

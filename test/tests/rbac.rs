@@ -263,18 +263,133 @@ async fn rbac_with_the_official_kubectl_and_the_kube_crate() -> Result<()> {
 
 #[test]
 fn anonymous_requests_reach_only_the_public_paths() -> Result<()> {
-    // Without a token file nobody is authenticated: under RBAC only the health and version
-    // endpoints (system:public-info-viewer) are open.
-    let server = ApiServer::start_with(&["--authorization-mode", "RBAC"])?;
-    let r = e2e::raw(server.port, "GET", "/version", None, b"")?;
-    ensure!(r.status == 200, "{} {}", r.status, r.text());
-    let r = e2e::raw(server.port, "GET", "/api/v1/namespaces/default/pods", None, b"")?;
-    ensure!(r.status == 403, "{} {}", r.status, r.text());
-    ensure!(
-        r.json()["message"]
-            == r#"pods is forbidden: User "system:anonymous" cannot list resource "pods" in API group "" in the namespace "default""#,
-        "{}",
-        r.text()
+    let forbidden_pods = r#"pods is forbidden: User "system:anonymous" cannot list resource "pods" in API group "" in the namespace "default""#;
+    let dir = tempfile::tempdir()?;
+    let tokens = dir.path().join("tokens.csv");
+    std::fs::write(&tokens, TOKENS)?;
+    let tokens = tokens.to_string_lossy().into_owned();
+    // Without a token file nobody is authenticated; with one, requests without credentials
+    // are system:anonymous as well (--anonymous-auth defaults to true): under RBAC only the
+    // health and version endpoints (system:public-info-viewer) are open, and discovery
+    // (system:discovery) is for authenticated users.
+    for args in [&["--authorization-mode", "RBAC"][..], &["--authorization-mode", "RBAC", "--token-auth-file", &tokens]]
+    {
+        let server = ApiServer::start_with(args)?;
+        for path in ["/version", "/healthz", "/readyz"] {
+            let r = e2e::raw(server.port, "GET", path, None, b"")?;
+            ensure!(r.status == 200, "{args:?} {path}: {} {}", r.status, r.text());
+        }
+        let r = e2e::raw(server.port, "GET", "/api/v1/namespaces/default/pods", None, b"")?;
+        ensure!(r.status == 403, "{args:?}: {} {}", r.status, r.text());
+        ensure!(r.json()["message"] == forbidden_pods, "{}", r.text());
+        let r = e2e::raw(server.port, "GET", "/apis", None, b"")?;
+        ensure!(r.status == 403, "{args:?} discovery: {} {}", r.status, r.text());
+        ensure!(r.json()["message"] == r#"forbidden: User "system:anonymous" cannot get path "/apis""#, "{}", r.text());
+    }
+    // --anonymous-auth=false: no credentials is 401 everywhere, health included.
+    let server =
+        ApiServer::start_with(&["--authorization-mode=RBAC", "--token-auth-file", &tokens, "--anonymous-auth=false"])?;
+    for path in ["/healthz", "/api/v1/namespaces/default/pods"] {
+        let r = e2e::raw(server.port, "GET", path, None, b"")?;
+        ensure!(r.status == 401 && r.json()["reason"] == "Unauthorized", "{path}: {} {}", r.status, r.text());
+    }
+    Ok(())
+}
+
+/// A certificate signing request of `signer` for `cn` in `orgs`, as YAML.
+fn csr_yaml(name: &str, signer: &str, cn: &str, orgs: &[&str]) -> Result<String> {
+    use base64::Engine;
+    let (request, _) = common::pki::new_csr(cn, orgs).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(request);
+    Ok(format!(
+        "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata: {{name: {name}}}\n\
+         spec: {{signerName: {signer}, usages: [client auth], request: {b64}}}\n"
+    ))
+}
+
+#[tokio::test]
+async fn approving_a_certificate_needs_the_signer_s_approve_permission() -> Result<()> {
+    if !kubectl_available() {
+        eprintln!("skipping: no kubectl");
+        return Ok(());
+    }
+    let c = Cluster::start()?;
+    let file = c.dir.path().join("csr.yaml");
+    // jane may write requests and their approval, but holds no signer.
+    c.admin(&[
+        "create",
+        "clusterrole",
+        "csr-writer",
+        "--verb=get,list,create,update",
+        "--resource=certificatesigningrequests,certificatesigningrequests/approval",
+    ])?;
+    c.admin(&["create", "clusterrolebinding", "jane-csr", "--clusterrole=csr-writer", "--user=jane"])?;
+    c.until_jane_can(&["update", "certificatesigningrequests", "--subresource=approval"]).await?;
+    std::fs::write(&file, csr_yaml("jane-x", "example.com/x", "jane", &["devs"])?)?;
+    let out = c.jane(&["create", "-f", &file.to_string_lossy()])?;
+    ensure!(out.ok, "{out:?}");
+    let out = c.jane(&["certificate", "approve", "jane-x"])?;
+    forbidden(
+        &out,
+        r#"certificatesigningrequests.certificates.k8s.io "jane-x" is forbidden: user not permitted to approve requests with signerName "example.com/x""#,
+    )?;
+    // `approve` on the signer's domain (`example.com/*`) is enough.
+    // (`signers` is no served resource, so the role comes from YAML, as upstream documents it.)
+    let role = c.dir.path().join("approver.yaml");
+    std::fs::write(
+        &role,
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: example-approver}\n\
+         rules: [{apiGroups: [certificates.k8s.io], resources: [signers], verbs: [approve], resourceNames: ['example.com/*']}]\n",
+    )?;
+    c.admin(&["apply", "-f", &role.to_string_lossy()])?;
+    c.admin(&["create", "clusterrolebinding", "jane-approver", "--clusterrole=example-approver", "--user=jane"])?;
+    let sar = c.dir.path().join("sar.yaml");
+    std::fs::write(
+        &sar,
+        "apiVersion: authorization.k8s.io/v1\nkind: SubjectAccessReview\nspec: {user: jane, resourceAttributes: \
+         {group: certificates.k8s.io, resource: signers, verb: approve, name: 'example.com/*'}}\n",
+    )?;
+    eventually(Duration::from_secs(30), || {
+        let allowed = c
+            .admin(&["create", "-f", &sar.to_string_lossy(), "-o", "jsonpath={.status.allowed}"])
+            .is_ok_and(|out| out.stdout.trim() == "true");
+        async move { allowed }
+    })
+    .await
+    .context("the approver binding never reached the authorizer")?;
+    let out = c.jane(&["certificate", "approve", "jane-x"])?;
+    ensure!(out.ok && out.stdout.contains("approved"), "{out:?}");
+    // Issuing needs `sign`: jane may update the status but holds no signer for it.
+    c.admin(&[
+        "create",
+        "clusterrole",
+        "csr-status",
+        "--verb=get,update,patch",
+        "--resource=certificatesigningrequests/status",
+    ])?;
+    c.admin(&["create", "clusterrolebinding", "jane-status", "--clusterrole=csr-status", "--user=jane"])?;
+    c.until_jane_can(&["patch", "certificatesigningrequests", "--subresource=status"]).await?;
+    let (cert, _) = {
+        use base64::Engine;
+        let now = time::OffsetDateTime::now_utc();
+        let ca = common::pki::Ca::generate(now).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (cert, key) =
+            ca.issue(&common::pki::Leaf::client("x", "jane", &["devs"]), now).map_err(|e| anyhow::anyhow!("{e}"))?;
+        (base64::engine::general_purpose::STANDARD.encode(cert), key)
+    };
+    let patch = format!(r#"{{"status":{{"certificate":"{cert}"}}}}"#);
+    let out = c.jane(&["patch", "csr", "jane-x", "--subresource=status", "--type=merge", "-p", &patch])?;
+    forbidden(
+        &out,
+        r#"certificatesigningrequests.certificates.k8s.io "jane-x" is forbidden: user not permitted to sign requests with signerName "example.com/x""#,
+    )?;
+    // Nobody, the admin included, asks the apiserver-client signer for system:masters.
+    std::fs::write(&file, csr_yaml("masters", "kubernetes.io/kube-apiserver-client", "eve", &["system:masters"])?)?;
+    let out = c.kubectl("admin", &["create", "-f", &file.to_string_lossy()])?;
+    let want = format!(
+        r#"error when creating "{}": certificatesigningrequests.certificates.k8s.io "masters" is forbidden: use of kubernetes.io/kube-apiserver-client signer with system:masters group is not allowed"#,
+        file.display()
     );
+    forbidden(&out, &want)?;
     Ok(())
 }

@@ -10,12 +10,14 @@
 //! `impersonate` verb checked for every identity asked for.
 //!
 //! Modules: `rbac` (rules, subjects, the index: pure), `escalation` (what a role or binding
-//! write may grant: pure), `policy` (the bootstrap roles and bindings, and what reconciling
+//! write may grant: pure), `certificates` (what approving and signing certificate requests
+//! needs: pure), `policy` (the bootstrap roles and bindings, and what reconciling
 //! them changes: pure), `node` (the Node authorizer: pure over a graph of pods), `feed`
 //! (the I/O keeping the RBAC index and the node graph current from storage), `bootstrap`
 //! (the I/O writing the policy at start).
 
 pub mod bootstrap;
+pub mod certificates;
 pub mod escalation;
 pub mod feed;
 pub mod impersonation;
@@ -374,12 +376,32 @@ impl Authorizer {
 }
 
 /// The admission a write to `rp` gets from who asks: escalation prevention for the RBAC
-/// kinds; NodeRestriction for a node's writes of Nodes and Pods (with the Node mode on).
+/// kinds; NodeRestriction for a node's writes of Nodes and Pods (with the Node mode on);
+/// the signer permissions of certificate requests.
 pub fn write_admission(authz: &Arc<Authorizer>, user: Option<&UserInfo>, rp: &ResourcePath) -> Option<Admit> {
     let user = User::of(user);
     let plural = rp.resource.clone();
     let sub = rp.subresource.clone().unwrap_or_default();
     let ns = rp.namespace.clone().unwrap_or_default();
+    if rp.group == certificates::GROUP && plural == certificates::RESOURCE {
+        let authz = authz.clone();
+        return Some(Admit(Arc::new(move |new, old| {
+            let name = new.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+            let refuse = |why: &str| ApiError::forbidden(certificates::GROUP, certificates::RESOURCE, name, why);
+            if old.is_none() {
+                return certificates::subject_problem(new).map_or(Ok(()), |why| Err(refuse(&why)));
+            }
+            let Some(needed) = certificates::needed(&sub, new, old) else { return Ok(()) };
+            let granted = needed.names().iter().any(|signer| {
+                authz.allows(&Attributes::resource(&user, needed.verb, certificates::GROUP, "signers", "", signer))
+            });
+            if granted {
+                Ok(())
+            } else {
+                Err(refuse(&needed.refusal()))
+            }
+        })));
+    }
     let rbac_kind = matches!(plural.as_str(), "roles" | "clusterroles" | "rolebindings" | "clusterrolebindings");
     if rp.group == rbac::GROUP && rbac_kind && sub.is_empty() {
         let authz = authz.clone();

@@ -13,6 +13,7 @@
 
 pub mod events;
 pub mod exposition;
+pub mod identity;
 pub mod leader;
 pub mod lock;
 pub mod memory;

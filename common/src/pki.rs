@@ -422,8 +422,18 @@ pub fn parse_csr(pem: &[u8]) -> Result<CsrInfo, String> {
 /// A new key and a certificate signing request for `common_name` in `organizations` (PEM:
 /// request, key), as a kubelet asks for its client certificate.
 pub fn new_csr(common_name: &str, organizations: &[&str]) -> Result<(String, String), PkiError> {
+    new_csr_with_names(common_name, organizations, &[])
+}
+
+/// [`new_csr`] with subject alternative names (`names`: DNS names and IP addresses), as a
+/// kubelet asks for its serving certificate.
+pub fn new_csr_with_names(
+    common_name: &str,
+    organizations: &[&str],
+    names: &[String],
+) -> Result<(String, String), PkiError> {
     let key = KeyPair::generate()?;
-    let mut params = CertificateParams::default();
+    let mut params = CertificateParams::new(names.to_vec())?;
     params.distinguished_name = DistinguishedName::new();
     for o in organizations {
         params.distinguished_name.push(DnType::OrganizationName, *o);

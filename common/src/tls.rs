@@ -58,6 +58,26 @@ pub fn build(
     key: PrivateKeyDer<'static>,
     client_roots: Option<RootCertStore>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut config = builder(client_roots)?.with_single_cert(chain, key)?;
+    // The server speaks HTTP/1.1 only (upgrades for exec and port-forward need it anyway).
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A server configuration whose certificate is `identity`'s of the moment (one that
+/// rotates); with an empty identity handshakes fail until it gets one.
+pub fn server_config_with(
+    identity: Arc<crate::identity::Identity>,
+    client_roots: Option<RootCertStore>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut config = builder(client_roots)?.with_cert_resolver(identity);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn builder(
+    client_roots: Option<RootCertStore>,
+) -> Result<rustls::ConfigBuilder<ServerConfig, rustls::server::WantsServerCert>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
@@ -71,10 +91,7 @@ pub fn build(
         }
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder.with_single_cert(chain, key)?;
-    // The server speaks HTTP/1.1 only (upgrades for exec and port-forward need it anyway).
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok(builder)
 }
 
 /// A client configuration (ring; TLS 1.2 and 1.3; HTTP/1.1): server certificates are

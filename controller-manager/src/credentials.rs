@@ -52,6 +52,7 @@ pub fn service_account(controller: &str) -> &'static str {
         "daemonset" => "daemon-set-controller",
         "podgc" => "pod-garbage-collector",
         "csrapproving" | "csrsigning" => "certificate-controller",
+        "kubelet-serving-csr-approving" => "kubelet-serving-approver",
         _ => "",
     }
 }

@@ -80,6 +80,8 @@ pub const CONTROLLERS: &[(&str, bool)] = &[
     ("clusterrole-aggregation", true),
     ("csrapproving", true),
     ("csrsigning", true),
+    // Ours, off by default: Kubernetes approves no kubelet serving certificate by itself.
+    ("kubelet-serving-csr-approving", false),
 ];
 
 /// Parse `--controllers` (`*,-foo,bar`) into the enabled set (`cmd/kube-controller-manager`'s
@@ -321,6 +323,9 @@ async fn main() -> anyhow::Result<()> {
             "csrapproving" => {
                 tasks.spawn(certificates::approver::run(client.clone()));
             }
+            "kubelet-serving-csr-approving" => {
+                tasks.spawn(certificates::serving::run(client.clone()));
+            }
             "csrsigning" => match (&args.cluster_signing_cert_file, &args.cluster_signing_key_file) {
                 (Some(cert), Some(key)) => {
                     let read = |p: &PathBuf, flag: &str| {
@@ -392,7 +397,12 @@ mod tests {
 
     #[test]
     fn controller_selection() {
-        assert_eq!(enabled_controllers("*").unwrap().len(), CONTROLLERS.len());
+        // `*` is every controller on by default; the others only by name.
+        assert_eq!(enabled_controllers("*").unwrap().len(), CONTROLLERS.len() - 1);
+        assert!(!enabled_controllers("*").unwrap().contains(&"kubelet-serving-csr-approving"));
+        assert!(enabled_controllers("*,kubelet-serving-csr-approving")
+            .unwrap()
+            .contains(&"kubelet-serving-csr-approving"));
         let e = enabled_controllers("*,-job").unwrap();
         assert!(!e.contains(&"job") && e.contains(&"replicaset"));
         assert_eq!(enabled_controllers("replicaset,deployment").unwrap(), vec!["replicaset", "deployment"]);

@@ -8,21 +8,13 @@
 //! kubeconfig's server and CA with the new certificate and key. From then on the kubelet
 //! is `system:node:<name>`, which the Node authorizer limits to its own node.
 //!
-//! [`needs_certificate`] is the decision (pure); [`bootstrap`] is the shell.
+//! [`needs_certificate`] is the decision (pure); [`bootstrap`] is the shell (the request
+//! itself is [`crate::certificate::request`]'s).
 
 use std::path::Path;
-use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestSpec};
-use k8s_openapi::ByteString;
-use kube::api::{Api, ObjectMeta, PostParams};
-use kube::config::{AuthInfo, Kubeconfig, NamedAuthInfo, NamedContext};
-
-/// The signer of kubelets' client certificates.
-pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-/// How long to wait for the certificate (Kubernetes' kubelet waits an hour too).
-const WAIT: Duration = Duration::from_secs(3600);
+use anyhow::{Context, Result};
+use kube::config::Kubeconfig;
 
 /// Whether a kubeconfig (its text, if the file exists) needs a new client certificate:
 /// missing, unreadable, or holding a certificate that expires before `now` (Unix seconds).
@@ -40,31 +32,6 @@ pub fn needs_certificate(kubeconfig: Option<&str>, now: i64) -> bool {
     !der.and_then(|d| common::pki::inspect(&d).ok()).is_some_and(|info| info.not_after > now)
 }
 
-/// `bootstrap` with its user replaced by a client certificate (PEM) and key.
-pub fn with_certificate(mut bootstrap: Kubeconfig, cert_pem: &str, key_pem: &str) -> Kubeconfig {
-    use base64::Engine;
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-    let user = NamedAuthInfo {
-        name: "default-auth".into(),
-        auth_info: Some(AuthInfo {
-            client_certificate_data: Some(b64(cert_pem)),
-            client_key_data: Some(b64(key_pem).into()),
-            ..Default::default()
-        }),
-        other: Default::default(),
-    };
-    let cluster = bootstrap.clusters.first().map(|c| c.name.clone()).unwrap_or_default();
-    bootstrap.auth_infos = vec![user];
-    bootstrap.contexts = vec![NamedContext {
-        name: "default-context".into(),
-        context: Some(kube::config::Context { cluster, user: Some("default-auth".into()), ..Default::default() }),
-        other: Default::default(),
-    }];
-    bootstrap.current_context = Some("default-context".into());
-    bootstrap.clusters.truncate(1);
-    bootstrap
-}
-
 /// Make sure `kubeconfig` holds a valid client certificate of `node`, asking for one with
 /// the identity of `bootstrap_kubeconfig` when it does not.
 pub async fn bootstrap(kubeconfig: &Path, bootstrap_kubeconfig: &Path, node: &str, server: Option<&str>) -> Result<()> {
@@ -76,49 +43,14 @@ pub async fn bootstrap(kubeconfig: &Path, bootstrap_kubeconfig: &Path, node: &st
     let boot = Kubeconfig::read_from(bootstrap_kubeconfig)
         .with_context(|| format!("reading --bootstrap-kubeconfig {}", bootstrap_kubeconfig.display()))?;
     let client = common::client(Some(bootstrap_kubeconfig), server).await?;
-    let (request, key) = common::pki::new_csr(&format!("system:node:{node}"), &["system:nodes"])?;
-    let csr = CertificateSigningRequest {
-        metadata: ObjectMeta { generate_name: Some("node-csr-".into()), ..Default::default() },
-        spec: CertificateSigningRequestSpec {
-            request: ByteString(request.into_bytes()),
-            signer_name: SIGNER.into(),
-            usages: Some(vec!["digital signature".into(), "client auth".into()]),
-            ..Default::default()
-        },
-        status: None,
-    };
-    let api: Api<CertificateSigningRequest> = Api::all(client);
-    let created = api.create(&PostParams::default(), &csr).await.context("creating the certificate signing request")?;
-    let name = created.metadata.name.unwrap_or_default();
-    tracing::info!(csr = %name, node, "asked for a client certificate; waiting for it to be approved and issued");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let cert = loop {
-        let csr = api.get(&name).await.with_context(|| format!("reading certificate signing request {name}"))?;
-        let status = csr.status.unwrap_or_default();
-        for c in status.conditions.iter().flatten() {
-            if (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True" {
-                bail!(
-                    "certificate signing request {name} was {}: {}",
-                    if c.type_ == "Denied" { "denied" } else { "not signed" },
-                    c.message.clone().unwrap_or_default()
-                );
-            }
-        }
-        if let Some(cert) = status.certificate.filter(|c| !c.0.is_empty()) {
-            break String::from_utf8(cert.0).context("the issued certificate is not text")?;
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("certificate signing request {name} was not issued within {WAIT:?}");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
-    let out = with_certificate(boot, &cert, &key);
+    let (cert, key) = crate::certificate::request(&client, &crate::certificate::Wanted::client(node)).await?;
+    let out = crate::certificate::with_certificate(boot, &cert, &key);
     let text = serde_json::to_string_pretty(&out)?;
     if let Some(dir) = kubeconfig.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     common::write_private(kubeconfig, text.as_bytes())?;
-    tracing::info!(csr = %name, kubeconfig = %kubeconfig.display(), "got a client certificate");
+    tracing::info!(kubeconfig = %kubeconfig.display(), "got a client certificate");
     Ok(())
 }
 
@@ -136,7 +68,7 @@ mod tests {
              users: [{name: b, user: {token: abcdef.0123456789abcdef}}]\ncontexts: [{name: x, context: {cluster: c, user: b}}]\ncurrent-context: x\n",
         )
         .unwrap();
-        let good = serde_json::to_string(&with_certificate(boot.clone(), &cert, &key)).unwrap();
+        let good = serde_json::to_string(&crate::certificate::with_certificate(boot.clone(), &cert, &key)).unwrap();
         let t = now.unix_timestamp();
         assert!(!needs_certificate(Some(&good), t));
         assert!(needs_certificate(Some(&good), t + 400 * 24 * 3600), "expired");

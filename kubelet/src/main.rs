@@ -6,6 +6,7 @@ mod auth;
 mod backoff;
 mod bootstrap;
 mod cadvisor;
+mod certificate;
 mod cgroups;
 mod cidr;
 mod devicemanager;
@@ -90,9 +91,17 @@ struct Flags {
     /// The key of --tls-cert-file.
     #[arg(long = "tls-private-key-file", requires = "tls_cert_file")]
     tls_private_key_file: Option<PathBuf>,
-    /// Where the self-signed serving certificate is kept (default: <root-dir>/pki).
+    /// Where the self-signed or rotated serving certificate is kept (default: <root-dir>/pki).
     #[arg(long = "cert-dir")]
     cert_dir: Option<PathBuf>,
+    /// Renew the kubeconfig's client certificate from the cluster's signer before it
+    /// expires (a CertificateSigningRequest at 70–90% of its lifetime).
+    #[arg(long = "rotate-certificates", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    rotate_certificates: bool,
+    /// Ask the cluster's kubelet-serving signer for the serving certificate (and renew it),
+    /// instead of a self-signed one; the port serves no handshake until one is issued.
+    #[arg(long = "rotate-server-certificates", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    rotate_server_certificates: bool,
     /// Callers presenting a client certificate signed by this CA are authenticated by it (CN
     /// the user, O the groups).
     #[arg(long = "client-ca-file")]
@@ -182,7 +191,28 @@ async fn main() -> Result<()> {
     if let (Some(kubeconfig), Some(boot)) = (&flags.kubeconfig, &flags.bootstrap_kubeconfig) {
         bootstrap::bootstrap(kubeconfig, boot, &node_name, flags.server.as_deref()).await?;
     }
-    let client = common::client(flags.kubeconfig.as_deref(), flags.server.as_deref()).await?;
+    let config = common::config(flags.kubeconfig.as_deref(), flags.server.as_deref()).await?;
+    let client_identity = match certificate::identity_of(&config.auth_info) {
+        Some((cert, key)) if flags.rotate_certificates => Some(common::identity::Identity::from_pem(&cert, &key)?),
+        _ => None,
+    };
+    let client = match &client_identity {
+        Some(identity) => common::identity::client(config, identity.clone())?,
+        None => {
+            if flags.rotate_certificates {
+                tracing::warn!("--rotate-certificates: the kubeconfig holds no client certificate; nothing to rotate");
+            }
+            kube::Client::try_from(config).context("building the API client")?
+        }
+    };
+    if let (Some(identity), Some(kubeconfig)) = (&client_identity, &flags.kubeconfig) {
+        tokio::spawn(certificate::rotate(
+            client.clone(),
+            identity.clone(),
+            certificate::Wanted::client(&node_name),
+            certificate::Store::Kubeconfig(kubeconfig.clone()),
+        ));
+    }
     let rt = Arc::new(runtime::Runtime::connect(&node_name).await?);
     let docker_version = rt.version().await?;
     let metrics = metrics::Metrics::new()?;
@@ -218,12 +248,21 @@ async fn main() -> Result<()> {
         cluster_dns = ?flags.cluster_dns, cluster_domain = %flags.cluster_domain, "kubelet starting");
 
     let addr: SocketAddr = format!("{}:{}", flags.address, flags.port).parse().context("--address/--port")?;
-    let tls = server::serving_certificate(
-        flags.tls_cert_file.as_deref().zip(flags.tls_private_key_file.as_deref()),
-        &flags.cert_dir.clone().unwrap_or_else(|| flags.root_dir.join("pki")),
-        &[node_name.clone(), node_ip.clone()],
-        flags.client_ca_file.as_deref(),
-    )?;
+    let cert_dir = flags.cert_dir.clone().unwrap_or_else(|| flags.root_dir.join("pki"));
+    let serving_names = [node_name.clone(), node_ip.clone()];
+    let tls = if flags.rotate_server_certificates {
+        let (tls, identity, store) = server::rotating_serving_certificate(&cert_dir, flags.client_ca_file.as_deref())?;
+        let wanted = certificate::Wanted::serving(&node_name, &serving_names);
+        tokio::spawn(certificate::rotate(k.client.clone(), identity, wanted, store));
+        tls
+    } else {
+        server::serving_certificate(
+            flags.tls_cert_file.as_deref().zip(flags.tls_private_key_file.as_deref()),
+            &cert_dir,
+            &serving_names,
+            flags.client_ca_file.as_deref(),
+        )?
+    };
     let auth = auth::Auth::new(
         auth::Settings {
             anonymous: flags.anonymous_auth,

@@ -120,6 +120,24 @@ pub fn serving_certificate(
     Ok(common::tls::server_config(&common::tls::TlsFiles { cert: &cert, key: &key, client_ca })?)
 }
 
+/// The serving configuration of `--rotate-server-certificates`: the certificate of the
+/// identity the rotation keeps (loaded from `kubelet-server-current.pem` in `cert_dir` while
+/// that is valid, else none until the first is issued), and where rotation saves it.
+pub fn rotating_serving_certificate(
+    cert_dir: &std::path::Path,
+    client_ca: Option<&std::path::Path>,
+) -> anyhow::Result<(Arc<rustls::ServerConfig>, Arc<common::identity::Identity>, crate::certificate::Store)> {
+    let path = cert_dir.join("kubelet-server-current.pem");
+    let identity = common::identity::Identity::empty();
+    let now = common::pki::now().unix_timestamp();
+    if let Some((cert, key)) = std::fs::read_to_string(&path).ok().and_then(|t| crate::certificate::load_pem(&t, now)) {
+        identity.set(&cert, &key).with_context(|| format!("{}", path.display()))?;
+    }
+    let roots = client_ca.map(|p| common::tls::read_roots("--client-ca-file", p)).transpose()?;
+    let tls = common::tls::server_config_with(identity.clone(), roots)?;
+    Ok((tls, identity, crate::certificate::Store::Pem(path)))
+}
+
 async fn metrics(State(k): State<Arc<Kubelet>>) -> Response {
     let mut families = prometheus::gather();
     families.extend(k.metrics.registry.gather());

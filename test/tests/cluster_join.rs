@@ -142,8 +142,15 @@ fn server_and_joined_node_with_token_authentication() {
         ),
     )
     .unwrap();
+    // Before any join, the only requests are the server's kubelets' serving certificates.
     let (ok, out) = run(&our_kubectl(), &[&format!("--kubeconfig={}", token_kc.display()), "get", "csr"]);
-    assert!(ok && out.contains("No resources found"), "our kubectl with the token:\n{out}");
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert!(
+        ok && out.starts_with("NAME")
+            && !rows.is_empty()
+            && rows.iter().all(|r| r.contains("kubernetes.io/kubelet-serving") && r.ends_with("Approved,Issued")),
+        "our kubectl with the token:\n{out}"
+    );
     let wrong = tmp.path().join("wrong.kubeconfig");
     std::fs::write(&wrong, std::fs::read_to_string(&token_kc).unwrap().replace(&token, "not-the-token")).unwrap();
     let (ok, out) = run(&our_kubectl(), &[&format!("--kubeconfig={}", wrong.display()), "get", "nodes"]);
@@ -237,6 +244,13 @@ fn server_and_joined_node_with_token_authentication() {
             && row.ends_with("Approved,Issued"),
         "the joined node's certificate request:\n{out}"
     );
+    // Its kubelet then asked, as itself, for its serving certificate, which the server's
+    // controller-manager approved (the names are the Node's addresses): the apiserver,
+    // which verifies kubelets against the cluster CA, reads its logs below.
+    let serving = out
+        .lines()
+        .find(|l| l.contains("kubernetes.io/kubelet-serving") && l.contains(&format!("system:node:{joined}")));
+    assert!(serving.is_some_and(|r| r.ends_with("Approved,Issued")), "the joined node's serving certificate:\n{out}");
     // The joined node is system:node:<name>: its own Node is its to change, another's is not.
     let agent_kc = format!("--kubeconfig={}", agent_home.join("kubeconfig").display());
     let (ok, out) = kubectl(&[&agent_kc, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]);

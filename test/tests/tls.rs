@@ -526,3 +526,132 @@ fn the_apiserver_reaches_etcd_over_tls() {
         .expect("an apiserver without an etcd client certificate started");
     assert!(format!("{err:#}").contains("etcd"), "{err:#}");
 }
+
+/// The kubelet's certificates come from the cluster's signers and rotate: a one-minute client
+/// certificate is renewed by the node itself (approved as `selfnodeclient`) before it
+/// expires, the serving certificate is issued by the CA (approved because its names are the
+/// Node's addresses), and the apiserver, which verifies kubelets against the CA, reaches the
+/// kubelet with it. After the first client certificate expired, a restarted apiserver still
+/// hears from the kubelet: new connections present the new certificate.
+#[test]
+fn kubelet_certificates_come_from_the_cluster_signers_and_rotate() {
+    if !e2e::kubelet::require_docker() {
+        return;
+    }
+    let node = e2e::kubelet::Kubelet::node_name("rotate");
+    let mut api = ApiServer::start_tls(&[], &["--authorization-mode=Node,RBAC"]).unwrap();
+    let ca_file = api.identity("ca.crt").display().to_string();
+    api.extra_args.extend(["--kubelet-certificate-authority".to_string(), ca_file.clone()]);
+    api.restart().unwrap();
+    let admin = kc_arg(&api.identity("admin.conf"));
+    let kubectl = kubectl_bin();
+    let k = |args: &[&str]| run(&kubectl, &[&[admin.as_str()][..], args].concat());
+    // kubeadm's binding: nodes may renew their own client certificates.
+    let (ok, out) = k(&[
+        "create",
+        "clusterrolebinding",
+        "kubeadm:node-autoapprove-certificate-rotation",
+        "--clusterrole=system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+        "--group=system:nodes",
+    ]);
+    assert!(ok, "{out}");
+    let ca_key = api.identity("ca.key").display().to_string();
+    let cm = e2e::controller_manager::ControllerManager::start(
+        &api,
+        &[
+            "--use-service-account-credentials",
+            "--controllers=csrapproving,csrsigning,kubelet-serving-csr-approving",
+            "--cluster-signing-cert-file",
+            &ca_file,
+            "--cluster-signing-key-file",
+            &ca_key,
+            "--cluster-signing-duration=60s",
+        ],
+    )
+    .unwrap();
+    // The node's first client certificate: one minute from the cluster CA.
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubelet.conf");
+    let ca = ca_of(&api);
+    let (request, key) = common::pki::new_csr(&format!("system:node:{node}"), &["system:nodes"]).unwrap();
+    let usages = ["digital signature".to_string(), "client auth".to_string()];
+    let first =
+        ca.sign_request(&request, &usages, time::Duration::seconds(60), time::OffsetDateTime::now_utc()).unwrap();
+    let first_expiry = common::pki::inspect(&common::pki::pem_to_der(&first).unwrap()).unwrap().not_after;
+    let user = format!("system:node:{node}");
+    std::fs::write(&kubeconfig, common::pki::kubeconfig(&api.https_url(), &ca.cert_pem, &user, &first, &key)).unwrap();
+    let kubelet = e2e::kubelet::Kubelet::start_named(
+        &api.https_url(),
+        &node,
+        &[
+            "--kubeconfig".to_string(),
+            kubeconfig.display().to_string(),
+            "--client-ca-file".to_string(),
+            ca_file.clone(),
+            "--anonymous-auth=false".to_string(),
+            "--authentication-token-webhook".to_string(),
+            "--authorization-mode=Webhook".to_string(),
+            "--rotate-certificates".to_string(),
+            "--rotate-server-certificates".to_string(),
+        ],
+    )
+    .unwrap();
+    let logs = || format!("kubelet:\n{}\ncontroller-manager:\n{}", kubelet.log(), cm.log());
+    let until = |what: &str, secs: u64, check: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        while !check() {
+            assert!(std::time::Instant::now() < deadline, "{what} within {secs}s\n{}", logs());
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    // Requests by requester, signer and condition, as `kubectl get csr` shows them.
+    let csrs = || {
+        k(&["get", "csr", "-o", "jsonpath={range .items[*]}{.spec.username} {.spec.signerName} {.status.conditions[0].type} {.status.certificate}{\"\\n\"}{end}"]).1
+    };
+    let issued = |signer: &str| {
+        csrs()
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!("{user} {signer} Approved "))
+                    && l.split(' ').nth(3).is_some_and(|c| !c.is_empty())
+            })
+            .count()
+    };
+    // The serving certificate: asked for, approved, issued, in use.
+    until("an issued serving certificate", 60, &|| issued("kubernetes.io/kubelet-serving") >= 1);
+    let serving = kubelet.root_dir().join("pki/kubelet-server-current.pem");
+    until("the serving certificate on disk", 30, &|| serving.exists());
+    let proxied = || k(&["get", "--raw", &format!("/api/v1/nodes/{node}/proxy/healthz")]);
+    until("the apiserver reaching the kubelet, verified", 30, &|| proxied().0);
+    let served = read(serving.clone());
+    let served_cert = common::pki::inspect(&common::pki::pem_to_der(&served).unwrap()).unwrap();
+    assert!(common::pki::signed_by(
+        &common::pki::pem_to_der(&served).unwrap(),
+        &common::pki::pem_to_der(&ca.cert_pem).unwrap()
+    ));
+    assert_eq!(served_cert.common_name, user);
+    assert!(served_cert.sans.contains(&node), "{:?}", served_cert.sans);
+    // The client certificate: renewed by the node itself before the first one expires.
+    until("a renewed client certificate", 90, &|| issued("kubernetes.io/kube-apiserver-client-kubelet") >= 1);
+    until("the renewed certificate in the kubeconfig", 30, &|| !read(kubeconfig.clone()).contains(&base64_of(&first)));
+    // Past the first certificate's end, every connection anew: the kubelet still reports.
+    let wait = first_expiry + 3 - time::OffsetDateTime::now_utc().unix_timestamp();
+    if wait > 0 {
+        std::thread::sleep(Duration::from_secs(wait as u64));
+    }
+    api.restart().unwrap();
+    let restarted = time::OffsetDateTime::now_utc();
+    let renewed_after_restart = || {
+        let (ok, out) = k(&["get", "lease", "-n", "kube-node-lease", &node, "-o", "jsonpath={.spec.renewTime}"]);
+        ok && time::OffsetDateTime::parse(out.trim(), &time::format_description::well_known::Rfc3339)
+            .is_ok_and(|t| t > restarted)
+    };
+    until("a lease renewal after the restart", 60, &renewed_after_restart);
+    until("the apiserver reaching the kubelet after the restart", 30, &|| proxied().0);
+    assert!(!kubelet.log().contains("certificate rotation failed"), "{}", logs());
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}

@@ -278,6 +278,17 @@ fn controller_roles() -> Vec<(&'static str, Vec<PolicyRule>)> {
             ],
         ),
         (
+            // Ours: the controller-manager's opt-in approver of kubelets' serving certificates.
+            "kubelet-serving-approver",
+            vec![
+                rule(&["get", "list", "watch"], &[CERTIFICATES], &["certificatesigningrequests"]),
+                rule(&["update"], &[CERTIFICATES], &["certificatesigningrequests/approval"]),
+                named(&["approve"], &[CERTIFICATES], &["signers"], &["kubernetes.io/kubelet-serving"]),
+                rule(&["get"], &[CORE], &["nodes"]),
+                events_rule(),
+            ],
+        ),
+        (
             "node-controller",
             vec![
                 rule(&["get", "list", "update", "delete", "patch"], &[CORE], &["nodes"]),
@@ -945,6 +956,10 @@ mod tests {
         ("certificate-controller", "create", AUTHORIZATION, "subjectaccessreviews", ""),
         ("certificate-controller", "update", CERTIFICATES, "certificatesigningrequests", "approval"),
         ("certificate-controller", "update", CERTIFICATES, "certificatesigningrequests", "status"),
+        ("kubelet-serving-approver", "watch", CERTIFICATES, "certificatesigningrequests", ""),
+        ("kubelet-serving-approver", "update", CERTIFICATES, "certificatesigningrequests", "approval"),
+        ("kubelet-serving-approver", "approve", CERTIFICATES, "signers", ""),
+        ("kubelet-serving-approver", "get", CORE, "nodes", ""),
         ("persistent-volume-binder", "create", CORE, "pods", ""),
         ("persistent-volume-binder", "delete", CORE, "pods", ""),
         ("pod-garbage-collector", "delete", CORE, "pods", ""),

@@ -15,9 +15,8 @@ use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateS
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::{watcher, Controller};
 
-use super::{has_condition, kubelet_client_problems, request_of, KUBELET_CLIENT};
+use super::{has_condition, kubelet_client_problems, request_of, Ctx, KUBELET_CLIENT};
 use crate::Error;
 
 /// What a request needs before it is approved.
@@ -88,10 +87,6 @@ pub fn approved(csr: &CertificateSigningRequest, message: &str, now: Time) -> Ce
     out
 }
 
-struct Ctx {
-    client: kube::Client,
-}
-
 async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let Decision::Review { subresource, message } = decide(&csr) else { return Ok(Action::await_change()) };
     let reviews: Api<SubjectAccessReview> = Api::all(ctx.client.clone());
@@ -115,15 +110,9 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
 
 /// Run until the watch stream ends.
 pub async fn run(client: kube::Client) {
-    let ctx = Arc::new(Ctx { client: client.clone() });
-    let controller = Controller::new(Api::<CertificateSigningRequest>::all(client), watcher::Config::default());
-    crate::runner::run_controller(
-        controller,
-        reconcile,
-        ctx,
-        crate::runner::Policy { metric: "csrapproving", what: "certificate approval", retry: Duration::from_secs(2) },
-    )
-    .await;
+    let policy =
+        crate::runner::Policy { metric: "csrapproving", what: "certificate approval", retry: Duration::from_secs(2) };
+    super::run_over_requests(client, reconcile, policy).await;
 }
 
 #[cfg(test)]

@@ -4,12 +4,37 @@
 //!   the requester may ask for one (a SubjectAccessReview for `certificatesigningrequests/
 //!   nodeclient`, or `selfnodeclient` when a node renews its own);
 //! - [`signer`] (`csrsigning`): issues approved requests of the built-in signers with the
-//!   cluster's CA (`--cluster-signing-cert-file`/`--cluster-signing-key-file`).
+//!   cluster's CA (`--cluster-signing-cert-file`/`--cluster-signing-key-file`);
+//! - [`serving`] (`kubelet-serving-csr-approving`, off by default): approves a node's request
+//!   for its own serving certificate when its names are the Node's addresses.
 
 pub mod approver;
+pub mod serving;
 pub mod signer;
 
+use std::sync::Arc;
+
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::runtime::controller::Action;
+use kube::runtime::{watcher, Controller};
+
+/// What the approvers' reconcilers share.
+pub struct Ctx {
+    pub client: kube::Client,
+}
+
+/// Run `reconcile` over every CertificateSigningRequest until the watch stream ends.
+pub async fn run_over_requests<Fut>(
+    client: kube::Client,
+    reconcile: impl FnMut(Arc<CertificateSigningRequest>, Arc<Ctx>) -> Fut,
+    policy: crate::runner::Policy,
+) where
+    Fut: std::future::Future<Output = Result<Action, crate::Error>> + Send + 'static,
+{
+    let ctx = Arc::new(Ctx { client: client.clone() });
+    let controller = Controller::new(kube::Api::<CertificateSigningRequest>::all(client), watcher::Config::default());
+    crate::runner::run_controller(controller, reconcile, ctx, policy).await;
+}
 
 /// The signer of kubelets' client certificates.
 pub const KUBELET_CLIENT: &str = "kubernetes.io/kube-apiserver-client-kubelet";

@@ -1,12 +1,16 @@
 //! kubeproxy benchmark, one command (as root):
 //!
 //! ```text
-//! cargo run -p kubeproxy --example kubeproxy_bench [-- SERVICES ENDPOINTS REQUESTS]
+//! cargo run --release -p kubeproxy --example kubeproxy_bench [-- SERVICES ENDPOINTS REQUESTS]
 //! ```
+//!
+//! `KUBEPROXY_BENCH_MODES=nftables` (comma-separated; default `iptables,nftables`) limits
+//! the rule modes measured.
 //!
 //! In a network namespace of its own (the host's rules are never touched), with SERVICES
 //! Services × ENDPOINTS endpoints (default 10,000 × 5):
-//! - iptables and nftables: time to sync everything from scratch, then one endpoint change;
+//! - iptables and nftables: time to sync everything from scratch, then one endpoint change,
+//!   then one Service added, then the cleanup;
 //! - IPVS: time to compute the operations (this kernel may have no ip_vs to apply them);
 //! - requests/s (one TCP connection per request) to a backend through a cluster IP with the
 //!   whole rule set loaded, against the same backend reached directly.
@@ -25,6 +29,12 @@ use serde_json::json;
 
 const POD_IP: &str = "10.250.0.2";
 const TARGET_CIP: &str = "10.96.255.254";
+/// The backend answers on these ports: the direct measurement and each mode's target
+/// Service use their own, so that no measurement's connections (the backend's TIME_WAIT
+/// sockets, conntrack entries) collide with the next one's, which made a measurement taken
+/// right after another several times slower.
+const BACKEND_PORTS: [u16; 3] = [8080, 8081, 8082];
+static TARGET_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(8081);
 
 fn sh(cmd: &str) -> anyhow::Result<()> {
     let st = Command::new("sh").args(["-c", cmd]).status()?;
@@ -32,9 +42,29 @@ fn sh(cmd: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn objects(n: usize, eps: usize, generation: u32) -> (Vec<Service>, Vec<EndpointSlice>) {
-    let mut svcs = Vec::with_capacity(n + 1);
-    let mut slices = Vec::with_capacity(n + 1);
+/// `n` Services of `eps` endpoints (the last one's first endpoint moved by `generation`), plus
+/// `added` more, plus the target Service.
+fn objects(n: usize, eps: usize, generation: u32, added: usize) -> (Vec<Service>, Vec<EndpointSlice>) {
+    let target_port = TARGET_PORT.load(std::sync::atomic::Ordering::Relaxed);
+    let mut svcs = Vec::with_capacity(n + added + 1);
+    let mut slices = Vec::with_capacity(n + added + 1);
+    for j in 0..added {
+        let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 97, 0, 10)) + j as u32);
+        svcs.push(
+            serde_json::from_value(json!({"metadata": {"name": format!("new-{j}"), "namespace": "bench"},
+                "spec": {"clusterIP": ip.to_string(), "ports": [{"name": "http", "port": 80}]}}))
+            .expect("static json"),
+        );
+        let addrs: Vec<_> = (0..eps)
+            .map(|e| json!({"addresses": [Ipv4Addr::new(10, 127, j as u8, e as u8).to_string()], "conditions": {"ready": true}}))
+            .collect();
+        slices.push(
+            serde_json::from_value(json!({"metadata": {"name": format!("new-{j}-x"), "namespace": "bench",
+                    "labels": {"kubernetes.io/service-name": format!("new-{j}")}},
+                "addressType": "IPv4", "endpoints": addrs, "ports": [{"name": "http", "port": 8080}]}))
+            .expect("static json"),
+        );
+    }
     for i in 0..n {
         let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 10)) + i as u32);
         svcs.push(
@@ -69,14 +99,14 @@ fn objects(n: usize, eps: usize, generation: u32) -> (Vec<Service>, Vec<Endpoint
     slices.push(
         serde_json::from_value(json!({"metadata": {"name": "zz-target-x", "namespace": "bench",
                 "labels": {"kubernetes.io/service-name": "zz-target"}},
-            "addressType": "IPv4", "endpoints": [{"addresses": [POD_IP]}], "ports": [{"name": "http", "port": 8080}]}))
+            "addressType": "IPv4", "endpoints": [{"addresses": [POD_IP]}], "ports": [{"name": "http", "port": target_port}]}))
         .expect("static json"),
     );
     (svcs, slices)
 }
 
-fn ports(n: usize, eps: usize, generation: u32) -> (Vec<ServicePort>, Duration) {
-    let (s, e) = objects(n, eps, generation);
+fn ports(n: usize, eps: usize, generation: u32, added: usize) -> (Vec<ServicePort>, Duration) {
+    let (s, e) = objects(n, eps, generation, added);
     let t = Instant::now();
     let p = service_ports(&s, &e, &NodeInfo::named("bench"));
     (p, t.elapsed())
@@ -84,7 +114,17 @@ fn ports(n: usize, eps: usize, generation: u32) -> (Vec<ServicePort>, Duration) 
 
 /// A tiny HTTP server: one response per connection.
 fn serve() -> anyhow::Result<()> {
-    let l = TcpListener::bind("0.0.0.0:8080")?;
+    let mut listeners: Vec<TcpListener> =
+        BACKEND_PORTS.iter().map(|p| TcpListener::bind(("0.0.0.0", *p))).collect::<Result<_, _>>()?;
+    let last = listeners.pop().expect("ports");
+    for l in listeners {
+        std::thread::spawn(move || accept(l));
+    }
+    accept(last);
+    Ok(())
+}
+
+fn accept(l: TcpListener) {
     for c in l.incoming() {
         let Ok(mut c) = c else { continue };
         std::thread::spawn(move || {
@@ -93,7 +133,6 @@ fn serve() -> anyhow::Result<()> {
             let _ = c.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok");
         });
     }
-    Ok(())
 }
 
 /// Requests/s with `threads` clients, one connection per request, for `n` requests in total.
@@ -122,24 +161,39 @@ fn load(addr: &str, n: usize, threads: usize) -> f64 {
     ok as f64 / start.elapsed().as_secs_f64()
 }
 
-fn bench_mode(name: &str, mut backend: Box<dyn Backend>, n: usize, eps: usize, requests: usize) -> anyhow::Result<()> {
-    let (p0, compute) = ports(n, eps, 0);
+fn bench_mode(
+    name: &str,
+    mut backend: Box<dyn Backend>,
+    n: usize,
+    eps: usize,
+    requests: usize,
+    direct: f64,
+) -> anyhow::Result<()> {
+    let (p0, compute) = ports(n, eps, 0, 0);
     let t = Instant::now();
     let stats = backend.sync(&p0)?;
     let full = t.elapsed();
-    let (p1, _) = ports(n, eps, 1);
+    let (p1, _) = ports(n, eps, 1, 0);
     let t = Instant::now();
     let stats1 = backend.sync(&p1)?;
     let one = t.elapsed();
+    let (p2, _) = ports(n, eps, 1, 1);
+    let t = Instant::now();
+    let stats2 = backend.sync(&p2)?;
+    let added = t.elapsed();
     let rps = load(&format!("{TARGET_CIP}:80"), requests, 4);
     println!(
-        "{name:9} from scratch: {:>8.2?} ({} rules, {} KiB input; model {:.2?})   one endpoint change: {:>8.2?} ({} bytes)   via cluster IP: {rps:>7.0} req/s",
+        "{name:9} from scratch: {:>8.2?} ({} rules, {} KiB input; model {:.2?})   one endpoint change: {:>8.2?} ({} bytes, {:.2?} applying)   one service added: {:>8.2?} ({} bytes)   via cluster IP: {rps:>7.0} req/s = {:.2}x direct",
         full,
         stats.rules,
         stats.bytes / 1024,
         compute,
         one,
-        stats1.bytes
+        stats1.bytes,
+        stats1.apply,
+        added,
+        stats2.bytes,
+        rps / direct
     );
     Ok(())
 }
@@ -160,7 +214,7 @@ fn inner(n: usize, eps: usize, requests: usize) -> anyhow::Result<()> {
     let mut server = Command::new("ip").args(["netns", "exec", &pod]).arg(&exe).arg("--serve").spawn()?;
     let result = (|| -> anyhow::Result<()> {
         for _ in 0..100 {
-            if TcpStream::connect(format!("{POD_IP}:8080")).is_ok() {
+            if TcpStream::connect(format!("{POD_IP}:{}", BACKEND_PORTS[0])).is_ok() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -168,18 +222,43 @@ fn inner(n: usize, eps: usize, requests: usize) -> anyhow::Result<()> {
         println!(
             "{n} services x {eps} endpoints (+1 target service), {requests} requests per measurement, 4 client threads"
         );
-        let direct = load(&format!("{POD_IP}:8080"), requests, 4);
+        let direct = load(&format!("{POD_IP}:{}", BACKEND_PORTS[0]), requests, 4);
         println!("direct to the backend: {direct:.0} req/s");
         let cfg = Config { cluster_cidr: Some("10.128.0.0/9".into()), ..Default::default() };
-        bench_mode("iptables", Box::new(Iptables::new(cfg.clone())), n, eps, requests)?;
-        let t = Instant::now();
-        Iptables::cleanup()?;
-        println!("iptables  cleanup: {:.2?}", t.elapsed());
-        bench_mode("nftables", Box::new(Nftables::new(cfg)), n, eps, requests)?;
-        Nftables::cleanup()?;
+        {
+            // Where an nftables sync's own time goes (pure functions, no kernel).
+            let (p0, _) = ports(n, eps, 0, 0);
+            let (p1, _) = ports(n, eps, 1, 0);
+            let t = Instant::now();
+            let r0 = kubeproxy::nftables::render(&p0, &cfg);
+            let render = t.elapsed();
+            let r1 = kubeproxy::nftables::render(&p1, &cfg);
+            let t = Instant::now();
+            let script = kubeproxy::nftables::script(Some(&r0), &r1, &cfg);
+            let diff = t.elapsed();
+            println!(
+                "nftables  render of every service: {render:.2?}; diff of two renders: {diff:.2?} ({} bytes)",
+                script.map_or(0, |s| s.len())
+            );
+        }
+        let modes = std::env::var("KUBEPROXY_BENCH_MODES").unwrap_or_else(|_| "iptables,nftables".into());
+        if modes.split(',').any(|m| m == "iptables") {
+            TARGET_PORT.store(BACKEND_PORTS[1], std::sync::atomic::Ordering::Relaxed);
+            bench_mode("iptables", Box::new(Iptables::new(cfg.clone())), n, eps, requests, direct)?;
+            let t = Instant::now();
+            Iptables::cleanup()?;
+            println!("iptables  cleanup: {:.2?}", t.elapsed());
+        }
+        if modes.split(',').any(|m| m == "nftables") {
+            TARGET_PORT.store(BACKEND_PORTS[2], std::sync::atomic::Ordering::Relaxed);
+            bench_mode("nftables", Box::new(Nftables::new(cfg)), n, eps, requests, direct)?;
+            let t = Instant::now();
+            Nftables::cleanup()?;
+            println!("nftables  cleanup: {:.2?}", t.elapsed());
+        }
         // IPVS: operations only.
-        let (p0, _) = ports(n, eps, 0);
-        let (p1, _) = ports(n, eps, 1);
+        let (p0, _) = ports(n, eps, 0, 0);
+        let (p1, _) = ports(n, eps, 1, 0);
         let node_ips = ["192.168.200.1".parse()?];
         let t = Instant::now();
         let s0 = kubeproxy::ipvs::desired(&p0, &node_ips, "rr");

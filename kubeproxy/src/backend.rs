@@ -21,6 +21,8 @@ pub struct SyncStats {
     pub wrote: bool,
     /// Bytes of restore/script input written.
     pub bytes: usize,
+    /// Time spent in the kernel's tool (`iptables-restore`, `nft`) of that.
+    pub apply: std::time::Duration,
 }
 
 /// A proxy mode.
@@ -127,7 +129,9 @@ impl Backend for Iptables {
             stats.bytes = input.len();
             stats.wrote = true;
             // On failure `applied` stays None: the next sync starts from the kernel again.
+            let t = std::time::Instant::now();
             run_with_input("iptables-restore", &["-w", "--noflush"], &input)?;
+            stats.apply = t.elapsed();
         }
         if first {
             Self::ensure_jumps()?;
@@ -171,7 +175,9 @@ impl Backend for Nftables {
         if let Some(script) = nftables::script(applied.as_ref(), &desired, &self.cfg) {
             stats.bytes = script.len();
             stats.wrote = true;
+            let t = std::time::Instant::now();
             run_with_input("nft", &["-f", "-"], &script)?;
+            stats.apply = t.elapsed();
         }
         self.applied = Some(desired);
         Ok(stats)

@@ -24,9 +24,10 @@ struct Args {
     /// The node name to use instead of the hostname.
     #[arg(long)]
     hostname_override: Option<String>,
-    /// Which proxy mode to use: iptables, nftables or ipvs.
-    #[arg(long, default_value = "iptables", value_parser = ["iptables", "nftables", "ipvs"])]
-    proxy_mode: String,
+    /// Which proxy mode to use: nftables, iptables or ipvs. Default: nftables where the
+    /// kernel has nf_tables and `nft` is installed (`nft list tables` works), else iptables.
+    #[arg(long, value_parser = ["iptables", "nftables", "ipvs"])]
+    proxy_mode: Option<String>,
     /// The CIDR range of the pods in the cluster; traffic from outside it to a cluster IP is masqueraded.
     #[arg(long)]
     cluster_cidr: Option<String>,
@@ -195,7 +196,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         nodeport_addresses: nodeport_addresses.clone(),
         masquerade_all: args.masquerade_all,
     };
-    let backend: Box<dyn backend::Backend> = match args.proxy_mode.as_str() {
+    let proxy_mode = match &args.proxy_mode {
+        Some(mode) => mode.clone(),
+        None => {
+            let nft_works =
+                std::process::Command::new("nft").args(["list", "tables"]).output().is_ok_and(|o| o.status.success());
+            let mode = default_mode(nft_works);
+            tracing::info!(mode, nft_works, "no --proxy-mode: chose the default");
+            mode.to_string()
+        }
+    };
+    let backend: Box<dyn backend::Backend> = match proxy_mode.as_str() {
         "ipvs" => Box::new(backend::Ipvs::new(
             if nodeport_addresses.is_empty() { locals.clone() } else { nodeport_addresses.clone() },
             args.ipvs_scheduler.clone(),
@@ -210,7 +221,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    for (s, outcome) in sysctl::apply(std::path::Path::new("/proc/sys"), &sysctl::wanted(&args.proxy_mode))? {
+    for (s, outcome) in sysctl::apply(std::path::Path::new("/proc/sys"), &sysctl::wanted(&proxy_mode))? {
         match outcome {
             sysctl::Outcome::Changed { from } => {
                 tracing::info!(sysctl = s.name, from = %from, to = s.value, "changed sysctl")
@@ -339,6 +350,15 @@ async fn shutdown_signal() -> &'static str {
     }
 }
 
+/// The proxy mode without `--proxy-mode`: nftables where it works, else iptables.
+fn default_mode(nft_works: bool) -> &'static str {
+    if nft_works {
+        "nftables"
+    } else {
+        "iptables"
+    }
+}
+
 fn which(program: &str) -> anyhow::Result<()> {
     std::process::Command::new(program)
         .arg("--version")
@@ -370,7 +390,9 @@ mod tests {
             "10.0.0.0/8,127.0.0.0/8",
         ])
         .unwrap();
-        assert_eq!(a.proxy_mode, "nftables");
+        assert_eq!(a.proxy_mode.as_deref(), Some("nftables"));
+        assert_eq!(Args::try_parse_from(["kubeproxy"]).unwrap().proxy_mode, None);
+        assert_eq!((default_mode(true), default_mode(false)), ("nftables", "iptables"));
         assert_eq!(a.nodeport_addresses.len(), 2);
         assert!(Args::try_parse_from(["kubeproxy", "--proxy-mode", "userspace"]).is_err());
     }

@@ -55,6 +55,8 @@ where
 pub struct Metrics {
     pub sync_duration: Histogram,
     pub last_sync: IntGauge,
+    /// When a change last asked for a sync.
+    pub last_queued: IntGauge,
     pub rules: IntGauge,
     pub sync_errors: IntCounter,
 }
@@ -70,6 +72,10 @@ impl Metrics {
                 "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
                 "The last time proxy rules were successfully synced",
             )?,
+            last_queued: IntGauge::new(
+                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                "The last time a sync of proxy rules was queued",
+            )?,
             rules: IntGauge::new(
                 "kubeproxy_sync_proxy_rules_total",
                 "Number of proxy rules (or map elements) programmed",
@@ -78,10 +84,15 @@ impl Metrics {
         };
         registry.register(Box::new(m.sync_duration.clone()))?;
         registry.register(Box::new(m.last_sync.clone()))?;
+        registry.register(Box::new(m.last_queued.clone()))?;
         registry.register(Box::new(m.rules.clone()))?;
         registry.register(Box::new(m.sync_errors.clone()))?;
         Ok(m)
     }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 /// Settings of the loop.
@@ -110,9 +121,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let notify = Arc::new(Notify::new());
     let changed = || {
-        let (notify, proxy) = (notify.clone(), health.proxy.clone());
+        let (notify, proxy, queued) = (notify.clone(), health.proxy.clone(), metrics.last_queued.clone());
         move || {
             proxy.queued();
+            queued.set(unix_now());
             notify.notify_one();
         }
     };
@@ -145,12 +157,7 @@ pub async fn run(
             Ok(stats) => {
                 metrics.sync_duration.observe(took.as_secs_f64());
                 metrics.rules.set(stats.rules as i64);
-                metrics.last_sync.set(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_secs() as i64)
-                        .unwrap_or(0),
-                );
+                metrics.last_sync.set(unix_now());
                 if stats.wrote {
                     tracing::info!(services = svcs.len(), ports = ports.len(), rules = stats.rules, bytes = stats.bytes, elapsed = ?took, "synced proxy rules");
                 } else {

@@ -40,6 +40,20 @@ pub fn sh_stdout(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Whether this host holds kubeproxy's Service rules, in either mode: a `KUBE-SERVICES`
+/// rule in iptables, or a Service in the `kube-proxy` nftables table's `service-ips` map.
+pub fn host_has_service_rules() -> bool {
+    sh_stdout("iptables-save").contains("-A KUBE-SERVICES")
+        || sh_stdout("nft list map ip kube-proxy service-ips 2>/dev/null").contains(" : goto ")
+}
+
+/// Whether any per-Service rule is left on this host, in either mode (`KUBE-SVC-*` chains, or
+/// the `kube-proxy` nftables table).
+pub fn host_has_any_service_chain() -> bool {
+    sh_stdout("iptables-save").contains("KUBE-SVC-")
+        || sh_stdout("nft list tables 2>/dev/null").contains("ip kube-proxy")
+}
+
 /// The components `scripts/cluster` runs for the state directory `home` that are running
 /// now, with their pids (the supervisor's `status.json`).
 pub fn component_pids(home: &Path) -> Vec<(String, u32)> {

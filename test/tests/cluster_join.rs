@@ -317,7 +317,7 @@ fn server_and_joined_node_with_token_authentication() {
     assert!(!agent_pids.iter().any(|(n, _)| n == "kubeproxy"), "--no-kubeproxy: {agent_pids:?}");
     // The server's kubeproxy keeps the host's Service rules (re-synced within its 30 s period).
     let deadline = Instant::now() + Duration::from_secs(40);
-    while !sh("iptables-save").contains("-A KUBE-SERVICES") {
+    while !e2e::cluster::host_has_service_rules() {
         assert!(Instant::now() < deadline, "the server's kubeproxy wrote no Service rules");
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -329,10 +329,7 @@ fn server_and_joined_node_with_token_authentication() {
     let left = sh(&format!("docker ps -aq --filter label=minik8s.io/node={joined}"));
     assert!(left.trim().is_empty(), "containers of {joined} left behind: {left}");
     assert!(!sh("ip -o link show").contains(&bridge_name(&joined)), "the joined node's bridge is removed");
-    assert!(
-        sh("iptables-save").contains("-A KUBE-SERVICES"),
-        "the joined node's down leaves the server's Service rules"
-    );
+    assert!(e2e::cluster::host_has_service_rules(), "the joined node's down leaves the server's Service rules");
     let (ok, out) = kubectl(&[&kc_arg, "get", "nodes", "-o", "name"]);
     assert!(ok && out.contains(&server_node), "the server keeps running:\n{out}");
 
@@ -348,7 +345,7 @@ fn server_and_joined_node_with_token_authentication() {
     let left = sh(&format!("docker ps -aq --filter label=minik8s.io/node={server_node}"));
     assert!(left.trim().is_empty(), "containers of {server_node} left behind: {left}");
     assert!(!sh("ip -o link show").contains(&bridge_name(&server_node)), "the server node's bridge is removed");
-    assert!(!sh("iptables-save").contains("KUBE-SVC-"), "Service rules left behind");
+    assert!(!e2e::cluster::host_has_any_service_chain(), "Service rules left behind");
     // (The CA went with the state directory; a token keeps kubectl from asking for a user.)
     let gone = [&empty_arg, "--server", &server, "--insecure-skip-tls-verify", "--token", "x"];
     let (ok, out) = kubectl(&[&gone[..], &["get", "nodes", "--request-timeout=2s"][..]].concat());

@@ -219,7 +219,7 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
         let left = sh(&format!("docker ps -aq --filter label=minik8s.io/node={node}"));
         assert!(left.trim().is_empty(), "containers of {node} left behind: {left}");
     }
-    assert!(!sh("iptables-save").contains("KUBE-SVC-"), "Service rules left behind");
+    assert!(!e2e::cluster::host_has_any_service_chain(), "Service rules left behind");
     assert!(!sh("ip -4 -o addr show dev lo").contains("10.254.254."), "LoadBalancer addresses left on lo");
     let gone = Command::new(kubectl_bin())
         .args(["--server", &format!("http://127.0.0.1:{port}"), "get", "nodes", "--request-timeout=2s"])

@@ -64,19 +64,50 @@ fn spread(lab: &Lab, from: Option<usize>, url: &str, n: usize) -> BTreeMap<Strin
 }
 
 /// The proxy rules as the kernel lists them, without counters (to compare across restarts).
+/// nftables' listing is made one entry a line, each prefixed with its chain, map or set
+/// (`chain service-…-default/web/tcp/http { :: meta l4proto tcp dnat to …`), and a set's
+/// or map's elements one a line, so that a change shows as the entries it touched.
 fn rules(lab: &Lab, mode: &str) -> String {
     let cmd = if mode == "nftables" { "nft list table ip kube-proxy" } else { "iptables-save" };
     let out = lab.node_sh(cmd);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        // Comments, and affinity set elements (client state with expiry, not rules).
-        .filter(|l| !l.starts_with('#') && !l.contains(" expires "))
-        .map(|l| match l.find(" [") {
-            Some(i) if l.starts_with(':') => l[..i].to_string(),
-            _ => l.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Comments, and affinity set elements (client state with expiry, not rules).
+    let keep = |l: &str| !l.starts_with('#') && !l.contains(" expires ");
+    if mode != "nftables" {
+        return text
+            .lines()
+            .filter(|l| keep(l))
+            .map(|l| match l.find(" [") {
+                Some(i) if l.starts_with(':') => l[..i].to_string(),
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+    }
+    let mut out = Vec::new();
+    let mut block = String::new();
+    let mut in_elements = false;
+    for line in text.lines().map(str::trim).filter(|l| keep(l)) {
+        if ["chain ", "map ", "set "].iter().any(|p| line.starts_with(p)) && line.ends_with('{') {
+            block = line.to_string();
+            continue;
+        }
+        let mut rest = line;
+        if let Some(e) = rest.strip_prefix("elements = {") {
+            in_elements = true;
+            rest = e;
+        }
+        if in_elements {
+            let end = rest.ends_with('}');
+            for elem in rest.trim_end_matches('}').split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                out.push(format!("{block} :: element {elem}"));
+            }
+            in_elements = !end;
+        } else if !rest.is_empty() && rest != "}" {
+            out.push(format!("{block} :: {rest}"));
+        }
+    }
+    out.join("\n")
 }
 
 async fn wait_synced(lab: &mut Lab) -> Result<()> {
@@ -165,8 +196,10 @@ async fn service_routing(mode: &str) -> Result<()> {
     // Health and metrics.
     assert_eq!(lab.metrics("/healthz"), "ok");
     assert!(lab.metrics("/metrics").contains("kubeproxy_sync_proxy_rules_duration_seconds_count"));
+    assert!(lab.metric("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds").unwrap_or(0.0) > 0.0);
 
     // Remove pod2's endpoint: once the rules no longer mention it, no request reaches it.
+    let before_removal = rules(&lab, mode);
     put_slice(&client, slice_json("web-abc", "web", &pod_ips[..2], "http")).await?;
     let gone = lab.pods[2].ip.clone();
     eventually(WAIT, || {
@@ -175,6 +208,18 @@ async fn service_routing(mode: &str) -> Result<()> {
     })
     .await
     .context("removed endpoint still in the rules")?;
+    // The change touched only web's rules: every entry that appeared or vanished is in one of
+    // web's chains or names the removed endpoint; the other services' are as before.
+    let lines = |s: &str| s.lines().map(str::to_string).collect::<BTreeSet<String>>();
+    let (was, now) = (lines(&before_removal), lines(&rules(&lab, mode)));
+    let changed: Vec<&String> = was
+        .symmetric_difference(&now)
+        // iptables' chain declarations (`:KUBE-SEP-… - [0:0]`) carry no service name.
+        .filter(|l| !l.starts_with(':'))
+        .collect();
+    assert!(!changed.is_empty(), "{mode}: nothing changed");
+    let foreign: Vec<&&String> = changed.iter().filter(|l| !l.contains("default/web") && !l.contains(&gone)).collect();
+    assert!(foreign.is_empty(), "{mode}: an endpoint change of web touched other rules: {foreign:#?}");
     let seen = spread(&lab, None, &url, 30);
     assert!(!seen.contains_key("pod2") && seen.len() == 2, "{mode} after removing pod2: {seen:?}");
 

@@ -180,22 +180,11 @@ impl Store {
     }
 }
 
-/// Certificate and key of a PEM file holding both, if it holds a certificate not expired at
-/// `now` (Unix seconds).
-pub fn load_pem(text: &str, now: i64) -> Option<(String, String)> {
-    let (mut certs, mut key) = (String::new(), String::new());
-    for block in text.split_inclusive("-----\n").collect::<Vec<_>>().chunks(2) {
-        let block = block.concat();
-        let Some(begin) = block.find("-----BEGIN ") else { continue };
-        let block = &block[begin..];
-        if block.starts_with("-----BEGIN CERTIFICATE-----") {
-            certs.push_str(block);
-        } else if block.contains("PRIVATE KEY-----") && key.is_empty() {
-            key.push_str(block);
-        }
-    }
-    let info = common::pki::inspect(&common::pki::pem_to_der(&certs)?).ok()?;
-    (!key.is_empty() && info.not_after > now).then_some((certs, key))
+/// The identity a PEM file holding a certificate (chain) and its key makes, if the
+/// certificate has not expired at `now` (Unix seconds).
+pub fn saved_identity(text: &str, now: i64) -> Option<Arc<Identity>> {
+    // One text serves as both: each parse takes only its own kind of PEM section.
+    Identity::from_pem(text, text).ok().filter(|id| id.certificate().is_some_and(|c| c.not_after > now))
 }
 
 /// The client certificate and key (PEM) a kubeconfig's user holds, inline or in files.
@@ -302,13 +291,11 @@ mod tests {
         let (cert, key) = ca.issue(&common::pki::Leaf::client("k", "system:node:n1", &[]), now).unwrap();
         let t = now.unix_timestamp();
         for text in [format!("{cert}{key}"), format!("{key}{cert}")] {
-            let (c, k) = load_pem(&text, t).unwrap();
-            assert!(c.contains("BEGIN CERTIFICATE") && !c.contains("PRIVATE KEY"), "{c}");
-            assert!(k.contains("PRIVATE KEY") && !k.contains("CERTIFICATE"), "{k}");
-            assert!(Identity::from_pem(&c, &k).is_ok());
+            let id = saved_identity(&text, t).unwrap();
+            assert_eq!(id.certificate().unwrap().common_name, "system:node:n1");
         }
-        assert_eq!(load_pem(&format!("{cert}{key}"), t + 400 * 24 * 3600), None, "expired");
-        assert_eq!(load_pem("junk", t), None);
-        assert_eq!(load_pem(&cert, t), None, "no key");
+        assert!(saved_identity(&format!("{cert}{key}"), t + 400 * 24 * 3600).is_none(), "expired");
+        assert!(saved_identity("junk", t).is_none());
+        assert!(saved_identity(&cert, t).is_none(), "no key");
     }
 }

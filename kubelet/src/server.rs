@@ -128,11 +128,9 @@ pub fn rotating_serving_certificate(
     client_ca: Option<&std::path::Path>,
 ) -> anyhow::Result<(Arc<rustls::ServerConfig>, Arc<common::identity::Identity>, crate::certificate::Store)> {
     let path = cert_dir.join("kubelet-server-current.pem");
-    let identity = common::identity::Identity::empty();
     let now = common::pki::now().unix_timestamp();
-    if let Some((cert, key)) = std::fs::read_to_string(&path).ok().and_then(|t| crate::certificate::load_pem(&t, now)) {
-        identity.set(&cert, &key).with_context(|| format!("{}", path.display()))?;
-    }
+    let saved = std::fs::read_to_string(&path).ok().and_then(|t| crate::certificate::saved_identity(&t, now));
+    let identity = saved.unwrap_or_else(common::identity::Identity::empty);
     let roots = client_ca.map(|p| common::tls::read_roots("--client-ca-file", p)).transpose()?;
     let tls = common::tls::server_config_with(identity.clone(), roots)?;
     Ok((tls, identity, crate::certificate::Store::Pem(path)))

@@ -34,7 +34,6 @@ const TARGET_CIP: &str = "10.96.255.254";
 /// sockets, conntrack entries) collide with the next one's, which made a measurement taken
 /// right after another several times slower.
 const BACKEND_PORTS: [u16; 3] = [8080, 8081, 8082];
-static TARGET_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(8081);
 
 fn sh(cmd: &str) -> anyhow::Result<()> {
     let st = Command::new("sh").args(["-c", cmd]).status()?;
@@ -43,9 +42,14 @@ fn sh(cmd: &str) -> anyhow::Result<()> {
 }
 
 /// `n` Services of `eps` endpoints (the last one's first endpoint moved by `generation`), plus
-/// `added` more, plus the target Service.
-fn objects(n: usize, eps: usize, generation: u32, added: usize) -> (Vec<Service>, Vec<EndpointSlice>) {
-    let target_port = TARGET_PORT.load(std::sync::atomic::Ordering::Relaxed);
+/// `added` more, plus the target Service (its backend on `target_port`).
+fn objects(
+    n: usize,
+    eps: usize,
+    generation: u32,
+    added: usize,
+    target_port: u16,
+) -> (Vec<Service>, Vec<EndpointSlice>) {
     let mut svcs = Vec::with_capacity(n + added + 1);
     let mut slices = Vec::with_capacity(n + added + 1);
     for j in 0..added {
@@ -105,8 +109,8 @@ fn objects(n: usize, eps: usize, generation: u32, added: usize) -> (Vec<Service>
     (svcs, slices)
 }
 
-fn ports(n: usize, eps: usize, generation: u32, added: usize) -> (Vec<ServicePort>, Duration) {
-    let (s, e) = objects(n, eps, generation, added);
+fn ports(n: usize, eps: usize, generation: u32, added: usize, target_port: u16) -> (Vec<ServicePort>, Duration) {
+    let (s, e) = objects(n, eps, generation, added, target_port);
     let t = Instant::now();
     let p = service_ports(&s, &e, &NodeInfo::named("bench"));
     (p, t.elapsed())
@@ -168,16 +172,17 @@ fn bench_mode(
     eps: usize,
     requests: usize,
     direct: f64,
+    target_port: u16,
 ) -> anyhow::Result<()> {
-    let (p0, compute) = ports(n, eps, 0, 0);
+    let (p0, compute) = ports(n, eps, 0, 0, target_port);
     let t = Instant::now();
     let stats = backend.sync(&p0)?;
     let full = t.elapsed();
-    let (p1, _) = ports(n, eps, 1, 0);
+    let (p1, _) = ports(n, eps, 1, 0, target_port);
     let t = Instant::now();
     let stats1 = backend.sync(&p1)?;
     let one = t.elapsed();
-    let (p2, _) = ports(n, eps, 1, 1);
+    let (p2, _) = ports(n, eps, 1, 1, target_port);
     let t = Instant::now();
     let stats2 = backend.sync(&p2)?;
     let added = t.elapsed();
@@ -227,8 +232,8 @@ fn inner(n: usize, eps: usize, requests: usize) -> anyhow::Result<()> {
         let cfg = Config { cluster_cidr: Some("10.128.0.0/9".into()), ..Default::default() };
         {
             // Where an nftables sync's own time goes (pure functions, no kernel).
-            let (p0, _) = ports(n, eps, 0, 0);
-            let (p1, _) = ports(n, eps, 1, 0);
+            let (p0, _) = ports(n, eps, 0, 0, BACKEND_PORTS[1]);
+            let (p1, _) = ports(n, eps, 1, 0, BACKEND_PORTS[1]);
             let t = Instant::now();
             let r0 = kubeproxy::nftables::render(&p0, &cfg);
             let render = t.elapsed();
@@ -243,22 +248,20 @@ fn inner(n: usize, eps: usize, requests: usize) -> anyhow::Result<()> {
         }
         let modes = std::env::var("KUBEPROXY_BENCH_MODES").unwrap_or_else(|_| "iptables,nftables".into());
         if modes.split(',').any(|m| m == "iptables") {
-            TARGET_PORT.store(BACKEND_PORTS[1], std::sync::atomic::Ordering::Relaxed);
-            bench_mode("iptables", Box::new(Iptables::new(cfg.clone())), n, eps, requests, direct)?;
+            bench_mode("iptables", Box::new(Iptables::new(cfg.clone())), n, eps, requests, direct, BACKEND_PORTS[1])?;
             let t = Instant::now();
             Iptables::cleanup()?;
             println!("iptables  cleanup: {:.2?}", t.elapsed());
         }
         if modes.split(',').any(|m| m == "nftables") {
-            TARGET_PORT.store(BACKEND_PORTS[2], std::sync::atomic::Ordering::Relaxed);
-            bench_mode("nftables", Box::new(Nftables::new(cfg)), n, eps, requests, direct)?;
+            bench_mode("nftables", Box::new(Nftables::new(cfg)), n, eps, requests, direct, BACKEND_PORTS[2])?;
             let t = Instant::now();
             Nftables::cleanup()?;
             println!("nftables  cleanup: {:.2?}", t.elapsed());
         }
         // IPVS: operations only.
-        let (p0, _) = ports(n, eps, 0, 0);
-        let (p1, _) = ports(n, eps, 1, 0);
+        let (p0, _) = ports(n, eps, 0, 0, BACKEND_PORTS[1]);
+        let (p1, _) = ports(n, eps, 1, 0, BACKEND_PORTS[1]);
         let node_ips = ["192.168.200.1".parse()?];
         let t = Instant::now();
         let s0 = kubeproxy::ipvs::desired(&p0, &node_ips, "rr");

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 #[allow(dead_code)]
-#[path = "src/openapi_proto.rs"]
+#[path = "../apimachinery/src/openapiproto.rs"]
 mod openapi_proto;
 
 #[path = "src/openapi/files.rs"]
@@ -19,7 +19,7 @@ fn main() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     println!("cargo:rerun-if-changed=openapi");
-    println!("cargo:rerun-if-changed=src/openapi_proto.rs");
+    println!("cargo:rerun-if-changed=../apimachinery/src/openapiproto.rs");
 
     // One embedded document: its file in OUT_DIR and the Rust expression building it.
     let mut n = 0;

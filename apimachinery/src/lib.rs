@@ -12,11 +12,13 @@
 //! - [`validation`] — the rules for names, label keys and label values.
 //! - [`scheduling`] — tolerations against taints and node selectors against nodes.
 //! - [`resources`] — native, hugepage and extended resource names.
+//! - [`openapiproto`] — the protobuf form of an OpenAPI v2 document (what kubectl asks for).
 
 pub mod duration;
 pub mod fieldmanager;
 pub mod labels;
 pub mod names;
+pub mod openapiproto;
 pub mod printers;
 pub mod quantity;
 pub mod resources;

@@ -27,7 +27,6 @@ pub mod metrics;
 pub mod metricsapi;
 pub mod nscache;
 pub mod openapi;
-pub mod openapi_proto;
 pub mod patch;
 pub mod protobuf;
 pub mod query;

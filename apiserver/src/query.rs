@@ -69,7 +69,18 @@ pub fn list_options(query: &HashMap<String, String>) -> ApiResult<ListOptions> {
         Some(n) if n > 0 => n as usize,
         _ => 0,
     };
+    // Names and namespaces are DNS names; the prefix is one with its separator (`acme-`).
+    let tenant_prefix = query.get("tenantPrefix").filter(|p| !p.is_empty()).cloned();
+    if let Some(p) = &tenant_prefix {
+        let valid = p.len() <= 63 && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !valid {
+            return Err(ApiError::bad_request(format!(
+                "tenantPrefix {p:?} is not the start of a DNS name (lowercase letters, digits and '-')"
+            )));
+        }
+    }
     Ok(ListOptions {
+        tenant_prefix,
         label_selector,
         field_selector,
         limit,

@@ -162,7 +162,8 @@ async fn openapi_v2(headers: HeaderMap) -> Response {
     if accept.contains("application/com.github.proto-openapi.spec.v2") {
         let mut r = serve_doc(&headers, crate::openapi::v2_proto(), false);
         if r.status() == StatusCode::OK {
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::openapi_proto::MEDIA_TYPE));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(apimachinery::openapiproto::MEDIA_TYPE));
         }
         return r;
     }
@@ -928,7 +929,7 @@ async fn serve_watch(
     let watch::WatchParams { bookmarks, send_initial, timeout } =
         watch::WatchParams::parse(query, opts.resource_version_match.as_deref())?;
     let rv = opts.resource_version.clone().unwrap_or_default();
-    let key_prefix = prefix_of(res, ns.as_deref());
+    let key_prefix = crate::registry::generic::list_prefix(res, ns.as_deref(), &opts);
     let cache = state.caches.get(&prefix_of(res, None)).await?;
 
     // Where the stream starts, and the initial events.

@@ -247,8 +247,16 @@ impl Ca {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
-        for o in &leaf.organizations {
-            params.distinguished_name.push(DnType::OrganizationName, o.as_str());
+        // rcgen keeps one attribute per type: a second O goes in under O's OID spelled as a
+        // type of its own (what x509 readers, the apiserver's included, read as a second O).
+        match leaf.organizations.as_slice() {
+            [] => {}
+            [o] => params.distinguished_name.push(DnType::OrganizationName, o.as_str()),
+            [o1, o2] => {
+                params.distinguished_name.push(DnType::OrganizationName, o1.as_str());
+                params.distinguished_name.push(DnType::CustomDnType(vec![2, 5, 4, 10]), o2.as_str());
+            }
+            _ => return Err(PkiError::Spec("a certificate names at most two organizations (O)".into())),
         }
         params.distinguished_name.push(DnType::CommonName, leaf.common_name.as_str());
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
@@ -681,9 +689,8 @@ pub fn user_kubeconfig(
     if user.is_empty() {
         return Err(PkiError::Spec("the user name (CN) must not be empty".into()));
     }
-    if groups.len() > 1 {
-        // rcgen writes one attribute of each type into a subject.
-        return Err(PkiError::Spec("a certificate names at most one group (O)".into()));
+    if groups.len() > 2 {
+        return Err(PkiError::Spec("a certificate names at most two groups (O)".into()));
     }
     let leaf = Leaf {
         name: String::new(),
@@ -899,7 +906,13 @@ mod tests {
         let (_, _, cert) = read_kubeconfig(&kc).unwrap();
         let info = inspect(&pem_to_der(&cert).unwrap()).unwrap();
         assert_eq!((info.common_name.as_str(), info.organizations.clone()), ("jane", vec!["devs".to_string()]));
-        assert!(user_kubeconfig(&ca, "https://h:6443", "jane", &["a".into(), "b".into()], now()).is_err());
+        // Two groups: both are O attributes the apiserver (and tenant-proxy) read; three are refused.
+        let kc = user_kubeconfig(&ca, "https://h:6443", "jane", &["tenant:acme".into(), "devs".into()], now()).unwrap();
+        let (_, _, cert) = read_kubeconfig(&kc).unwrap();
+        let info = inspect(&pem_to_der(&cert).unwrap()).unwrap();
+        assert_eq!(info.organizations, vec!["tenant:acme".to_string(), "devs".to_string()]);
+        let three = ["a".to_string(), "b".into(), "c".into()];
+        assert!(user_kubeconfig(&ca, "https://h:6443", "jane", &three, now()).is_err());
         assert!(user_kubeconfig(&ca, "https://h:6443", "", &[], now()).is_err());
     }
 

@@ -81,7 +81,13 @@ async fn serve_with<U: Clone + Send + Sync + 'static>(
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    // As Go's servers (Kubernetes'): no Nagle delay, so a watch event written
+                    // in pieces (a TLS record, a chunk's framing) is not held back until the
+                    // client acknowledges the previous piece (up to its 40-200 ms delayed ACK).
+                    let _ = stream.set_nodelay(true);
+                    stream
+                }
                 Err(e) => {
                     // Out of file descriptors and the like: wait instead of spinning.
                     tracing::error!(error = %e, "accepting a connection failed");

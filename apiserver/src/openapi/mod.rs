@@ -295,6 +295,6 @@ mod tests {
         assert!(!v2().bytes.contains(&b'\n'));
         let v2: Value = serde_json::from_slice(&v2().bytes).unwrap();
         assert_eq!(v2["swagger"], "2.0");
-        assert_eq!(&v2_proto().bytes[..], &crate::openapi_proto::encode(&v2)[..]);
+        assert_eq!(&v2_proto().bytes[..], &apimachinery::openapiproto::encode(&v2)[..]);
     }
 }

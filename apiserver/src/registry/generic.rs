@@ -121,6 +121,10 @@ pub struct ListOptions {
     pub continue_token: Option<String>,
     pub resource_version: Option<String>,
     pub resource_version_match: Option<String>,
+    /// MiniK8s' `tenantPrefix` extension (what `tenant-proxy` sends): a list or watch across
+    /// all namespaces keeps to the namespaces whose names start with it, one of cluster-scoped
+    /// objects to the names that do. A key range, so it costs what the matching objects cost.
+    pub tenant_prefix: Option<String>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -196,6 +200,16 @@ pub fn prefix_of(res: &ResourceDef, ns: Option<&str>) -> String {
     match ns {
         Some(ns) if res.namespaced => format!("/registry/{}/{ns}/", res.storage),
         _ => format!("/registry/{}/", res.storage),
+    }
+}
+
+/// The key prefix of a list or watch with its options: [`prefix_of`], narrowed by
+/// [`ListOptions::tenant_prefix`] when it spans namespaces or names.
+pub fn list_prefix(res: &ResourceDef, ns: Option<&str>, opts: &ListOptions) -> String {
+    let base = prefix_of(res, ns);
+    match &opts.tenant_prefix {
+        Some(p) if !(res.namespaced && ns.is_some()) => format!("{base}{p}"),
+        _ => base,
     }
 }
 
@@ -590,7 +604,7 @@ impl Registry {
         mut item: impl FnMut(&KeyValue) -> ApiResult<Option<T>>,
     ) -> ApiResult<(Vec<T>, Value)> {
         Self::check_field_selector(res, &opts.field_selector)?;
-        let prefix = prefix_of(res, ns);
+        let prefix = list_prefix(res, ns, opts);
         let rv = opts.resource_version.as_deref().unwrap_or_default();
         let invalid = |msg: &str, field: &str| {
             ApiError::invalid("meta.k8s.io", "ListOptions", "", vec![FieldError::forbidden(field, msg)])
@@ -1426,6 +1440,10 @@ mod tests {
         assert_eq!(key_of(nss, "", "default"), "/registry/namespaces/default");
         assert_eq!(prefix_of(pods, Some("default")), "/registry/pods/default/");
         assert_eq!(prefix_of(pods, None), "/registry/pods/");
+        let tenant = ListOptions { tenant_prefix: Some("acme-".into()), ..Default::default() };
+        assert_eq!(list_prefix(pods, None, &tenant), "/registry/pods/acme-");
+        assert_eq!(list_prefix(pods, Some("acme-prod"), &tenant), "/registry/pods/acme-prod/");
+        assert_eq!(list_prefix(nss, None, &tenant), "/registry/namespaces/acme-");
     }
 
     #[test]

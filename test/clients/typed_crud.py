@@ -1,16 +1,21 @@
 """Typed CRUD through the Python client's generated API (`kubernetes` package): every verb's
 answer must decode as the type the API declares for it, e.g. `delete_namespaced_service`
 returns a `V1Service`, as kube-apiserver answers, while a ConfigMap's delete answers a
-`Status`. Run as `typed_crud.py SERVER_URL`; prints one `ok …` line per check and exits
-non-zero on the first failure."""
+`Status`. Run as `typed_crud.py SERVER_URL` (plain HTTP) or `typed_crud.py --kubeconfig
+FILE` (its server, CA and client certificate: a tenant's, through tenant-proxy); prints one
+`ok …` line per check and exits non-zero on the first failure."""
 
 import sys
 
 import kubernetes.client as k
+import kubernetes.config
 from kubernetes.client.rest import ApiException
 
 cfg = k.Configuration()
-cfg.host = sys.argv[1]
+if sys.argv[1] == "--kubeconfig":
+    kubernetes.config.load_kube_config(config_file=sys.argv[2], client_configuration=cfg)
+else:
+    cfg.host = sys.argv[1]
 client = k.ApiClient(cfg)
 core = k.CoreV1Api(client)
 storage = k.StorageV1Api(client)

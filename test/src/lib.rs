@@ -7,6 +7,7 @@ pub mod cloud_controller_manager;
 pub mod cluster;
 pub mod kubectl;
 pub mod scheduler;
+pub mod tenancy;
 
 pub mod controller_manager;
 
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 /// The workspace's target directory.
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     if let Ok(d) = std::env::var("CARGO_TARGET_DIR") {
         return PathBuf::from(d);
     }

@@ -204,6 +204,47 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(500));
     }
 
+    // A tenant: a cluster of its own through tenant-proxy, its pod on the cluster's nodes
+    // (stored in acme-default), its logs through the proxy.
+    let (ok, out) = cluster(&home, port, &["tenant", "add", "a-b"]);
+    assert!(!ok && out.contains("collide"), "a tenant name with '-' is refused:\n{out}");
+    let (ok, out) = cluster(&home, port, &["tenant", "add", "acme"]);
+    assert!(ok, "tenant add:\n{out}");
+    let tkc = out.lines().find_map(|l| l.trim().strip_prefix("export KUBECONFIG=")).map(std::path::PathBuf::from);
+    let tkc = tkc.unwrap_or_else(|| panic!("tenant add prints a kubeconfig:\n{out}"));
+    let (ok, out) = kubectl(&tkc, &["get", "namespaces", "-o", "name"]);
+    assert!(
+        ok && out.contains("namespace/default") && !out.contains("namespace/team"),
+        "the tenant's namespaces:\n{out}"
+    );
+    let (ok, out) = kubectl(
+        &tkc,
+        &[
+            "run",
+            "hello",
+            "--image=minik8s-test/curl:latest",
+            "--image-pull-policy=Never",
+            "--restart=Never",
+            "--command",
+            "--",
+            "sh",
+            "-c",
+            "echo hello from acme; sleep 3600",
+        ],
+    );
+    assert!(ok, "tenant run:\n{out}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (_, logs) = kubectl(&tkc, &["logs", "hello"]);
+        if logs.contains("hello from acme") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the tenant's pod did not run:\n{logs}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (ok, out) = kubectl(&kc, &["get", "pod", "hello", "-n", "acme-default", "-o", "name"]);
+    assert!(ok && out.contains("pod/hello"), "stored in acme-default:\n{out}");
+
     let (ok, out) = cluster(&home, port, &["up"]);
     assert!(ok && out.contains("already up"), "a second up is a no-op that says so:\n{out}");
     let (ok, out) = cluster(&home, port, &["status"]);

@@ -14,7 +14,12 @@ use crate::tenant::Tenant;
 /// The label and annotation keys of RBAC's ClusterRole aggregation: a tenant's ClusterRole
 /// carrying one would add its rules to the cluster's own `admin`, `edit` or `view`, so the key
 /// is stored under the tenant's own name.
-const AGGREGATE_PREFIX: &str = "rbac.authorization.k8s.io/aggregate-to-";
+pub const AGGREGATE_PREFIX: &str = "rbac.authorization.k8s.io/aggregate-to-";
+
+/// The tenant's own form of [`AGGREGATE_PREFIX`]: `acme.tenant.minik8s.io/aggregate-to-`.
+pub fn tenant_aggregate_prefix(tenant: &Tenant) -> String {
+    format!("{}.tenant.minik8s.io/aggregate-to-", tenant.name())
+}
 
 pub struct Converter<'a> {
     pub tenant: &'a Tenant,
@@ -283,7 +288,7 @@ impl<'a> Converter<'a> {
 
     /// ClusterRole aggregation keys under the tenant's name (`up`) or back.
     fn aggregation_keys(&self, obj: &mut Value, up: bool) {
-        let own = format!("{}.tenant.minik8s.io/aggregate-to-", self.tenant.name());
+        let own = tenant_aggregate_prefix(self.tenant);
         let (from, to) = if up { (AGGREGATE_PREFIX, own.as_str()) } else { (own.as_str(), AGGREGATE_PREFIX) };
         let rename = |m: &mut Value| {
             if let Some(map) = m.as_object_mut() {

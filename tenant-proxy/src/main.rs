@@ -15,8 +15,9 @@
 //!   OpenAPI documents;
 //! - `tenants.rs` — the `Tenant` CRD and each tenant's starting objects;
 //! - `proxy.rs`, `openapi_serve.rs` — the request path; `upstream.rs` its connection to the
-//!   apiserver (the discovery and tenant lookups use a `kube::Client`); `answer.rs` the
-//!   proxy's own `Status` answers.
+//!   apiserver (the discovery and tenant lookups use a `kube::Client`); `connect.rs` exec,
+//!   attach and port-forward (upgraded connections, spliced); `answer.rs` the proxy's own
+//!   `Status` answers.
 //!
 //! Subcommands make the tenants' PKI: `tenant-proxy pki --dir D` (the tenants' CA and the
 //! proxy's serving certificate) and `tenant-proxy kubeconfig --dir D --tenant NAME` (a ready
@@ -26,6 +27,7 @@
 #![allow(clippy::result_large_err)]
 
 mod answer;
+mod connect;
 mod convert;
 mod discovery;
 mod metrics;

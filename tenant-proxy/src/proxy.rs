@@ -205,6 +205,16 @@ async fn resource(proxy: &Proxy, caller: &Caller, req: Request, path: ResourcePa
     if let Some(resp) = check_namespace_length(tenant, &path) {
         return resp;
     }
+    let up_query = request::upstream_query(tenant, &res, &path, query);
+    let mut pq = path.upstream(tenant, &res);
+    if !up_query.is_empty() {
+        pq = format!("{pq}?{up_query}");
+    }
+    if crate::connect::is_upgrade(req.headers()) {
+        let tables = proxy.discovery.tables();
+        let conv = Converter::new(tenant, &tables);
+        return crate::connect::splice(&proxy.upstream, &conv, caller, req, &pq).await;
+    }
     let (parts, body) = req.into_parts();
     let content_type =
         parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
@@ -218,11 +228,6 @@ async fn resource(proxy: &Proxy, caller: &Caller, req: Request, path: ResourcePa
         Ok(b) => b,
         Err(r) => return r,
     };
-    let up_query = request::upstream_query(tenant, &res, &path, query);
-    let mut pq = path.upstream(tenant, &res);
-    if !up_query.is_empty() {
-        pq = format!("{pq}?{up_query}");
-    }
     let mut headers = vec![(header::ACCEPT, accept_up(&parts.headers))];
     if content_type.starts_with(apiserver::protobuf::MEDIA_TYPE) {
         headers.push((header::CONTENT_TYPE, "application/json".to_string()));

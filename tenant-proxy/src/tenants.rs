@@ -2,7 +2,8 @@
 //! the proxy installs their CRD, serves only the tenants that exist, and gives each, the
 //! first time it is used, what a new cluster has: the namespaces `default`, `kube-system`,
 //! `kube-public` and `kube-node-lease`, the ClusterRoles `cluster-admin`, `admin`, `edit` and
-//! `view` (the cluster's rules, copied), and `cluster-admin` bound to its `system:masters`.
+//! `view` (aggregated as the cluster's are, from Kubernetes' roles and the tenant's own labelled
+//! for them), and `cluster-admin` bound to its `system:masters`.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -128,10 +129,15 @@ async fn bootstrap(client: &kube::Client, tenant: &Tenant) -> Result<(), String>
         json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}, {"nonResourceURLs": ["*"], "verbs": ["*"]}]);
     ensure(client, roles, &role(tenant, "cluster-admin", everything)).await?;
     for name in ["admin", "edit", "view"] {
-        let (code, cluster_role) = call(client, Method::GET, &format!("{roles}/{name}"), None).await?;
-        if code.is_success() {
-            ensure(client, roles, &role(tenant, name, cluster_role["rules"].clone())).await?;
-        }
+        // Aggregated as the cluster's are: from the roles labelled for the cluster's
+        // (Kubernetes' own) and from the tenant's own roles labelled for it.
+        let mut r = role(tenant, name, json!([]));
+        let label = |prefix: &str| json!({"matchLabels": {format!("{prefix}{name}"): "true"}});
+        r["aggregationRule"] = json!({"clusterRoleSelectors": [
+            label(crate::convert::AGGREGATE_PREFIX),
+            label(&crate::convert::tenant_aggregate_prefix(tenant)),
+        ]});
+        ensure(client, roles, &r).await?;
     }
     let binding = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",

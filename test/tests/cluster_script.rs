@@ -244,6 +244,10 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
     }
     let (ok, out) = kubectl(&kc, &["get", "pod", "hello", "-n", "acme-default", "-o", "name"]);
     assert!(ok && out.contains("pod/hello"), "stored in acme-default:\n{out}");
+    // exec through the proxy (an upgraded connection, spliced), with stdin.
+    let (ok, out) =
+        e2e::kubectl_at(&tkc, &["exec", "-i", "hello", "--", "sh", "-c", "read x; echo got-$x"], Some("ping\n"));
+    assert!(ok && out.contains("got-ping"), "tenant exec:\n{out}");
 
     let (ok, out) = cluster(&home, port, &["up"]);
     assert!(ok && out.contains("already up"), "a second up is a no-op that says so:\n{out}");

@@ -469,3 +469,66 @@ fn the_python_client_s_typed_crud_passes_as_a_tenant_as_it_does_directly() -> Re
     assert_eq!(tenant, direct);
     Ok(())
 }
+
+/// A tenant's pod runs on a real kubelet; `kubectl logs` and `kubectl exec` (an upgraded
+/// connection, spliced by the proxy) reach it through the proxy.
+#[test]
+fn a_tenant_s_pod_runs_and_answers_logs_and_exec() -> Result<()> {
+    if !e2e::kubelet::require_docker() {
+        return Ok(());
+    }
+    let node = e2e::kubelet::Kubelet::node_name("tenant");
+    let api = ApiServer::start_tls(&[node.as_str()], &["--authorization-mode", "Node,RBAC"])?;
+    let _cm = ControllerManager::start(&api, &["--use-service-account-credentials"])?;
+    let kubeconfig = api.identity(&format!("kubelet-{node}.conf")).display().to_string();
+    let _kubelet = e2e::kubelet::Kubelet::start_named(&api.https_url(), &node, &["--kubeconfig".into(), kubeconfig])?;
+    let proxy = TenantProxy::start(&api)?;
+    proxy.add_tenant("acme")?;
+    let acme = proxy.kubeconfig("acme", "admin", "system:masters")?;
+    let overrides = format!(r#"{{"spec":{{"nodeName":"{node}","terminationGracePeriodSeconds":1}}}}"#);
+    eventually("the default ServiceAccount exists", || {
+        kubectl_at(&acme, &["get", "serviceaccount", "default"], None).0
+    });
+    kubectl(
+        &acme,
+        &[
+            "run",
+            "hello",
+            "--image=busybox",
+            "--image-pull-policy=IfNotPresent",
+            "--restart=Never",
+            &format!("--overrides={overrides}"),
+            "--command",
+            "--",
+            "sh",
+            "-c",
+            "echo hello from acme; sleep 3600",
+        ],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let (_, logs) = kubectl_at(&acme, &["logs", "hello"], None);
+        if logs.contains("hello from acme") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the tenant's pod did not run: {logs}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (ok, out) =
+        kubectl_at(&acme, &["exec", "-i", "hello", "--", "sh", "-c", "read x; echo got-$x"], Some("ping\n"));
+    assert!(ok && out.contains("got-ping"), "exec through the proxy (WebSocket): {out}");
+    // kubectl 1.27 speaks SPDY: the same splice.
+    for (version, bin) in e2e::official_kubectls(&["1.27"]) {
+        let out = std::process::Command::new(bin)
+            .arg("--kubeconfig")
+            .arg(&acme)
+            .args(["exec", "hello", "--", "echo", "spdy-ok"])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("spdy-ok"), "kubectl {version} exec: {text} {err}");
+    }
+    let (ok, out) = kubectl_at(&acme, &["exec", "nosuch", "--", "true"], None);
+    assert!(!ok && out.contains(r#"pods "nosuch" not found"#), "{out}");
+    Ok(())
+}

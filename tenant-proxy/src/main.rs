@@ -206,6 +206,7 @@ async fn main() -> anyhow::Result<()> {
             forget.forget_all();
         }
     });
+    tokio::spawn(tenants.clone().run_cleanup(client.clone(), discovery.clone()));
     let proxy = Arc::new(proxy::Proxy { client, upstream, discovery, tenants, metrics });
     let app = Router::new().fallback(proxy::handle).with_state(proxy);
 

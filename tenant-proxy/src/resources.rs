@@ -49,6 +49,11 @@ impl Resources {
         self.by_plural.get(&(group.to_string(), plural.to_string()))
     }
 
+    /// Every resource (one version each).
+    pub fn all(&self) -> impl Iterator<Item = &Resource> {
+        self.by_plural.values()
+    }
+
     /// The resource of kind `kind` in upstream `group`.
     pub fn by_kind(&self, group: &str, kind: &str) -> Option<&Resource> {
         self.by_kind.get(&(group.to_string(), kind.to_string()))

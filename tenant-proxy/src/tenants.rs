@@ -3,7 +3,8 @@
 //! first time it is used, what a new cluster has: the namespaces `default`, `kube-system`,
 //! `kube-public` and `kube-node-lease`, the ClusterRoles `cluster-admin`, `admin`, `edit` and
 //! `view` (aggregated as the cluster's are, from Kubernetes' roles and the tenant's own labelled
-//! for them), and `cluster-admin` bound to its `system:masters`.
+//! for them), and `cluster-admin` bound to its `system:masters`. Deleting a Tenant deletes
+//! all of that and everything the tenant made (a finalizer keeps the Tenant until then).
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -92,8 +93,8 @@ impl Tenants {
         if self.ready.lock().map(|r| r.contains(tenant.name())).unwrap_or(false) {
             return Ok(());
         }
-        let (code, _) =
-            call(client, Method::GET, &format!("/apis/{GROUP}/{VERSION}/tenants/{}", tenant.name()), None).await?;
+        let path = format!("/apis/{GROUP}/{VERSION}/tenants/{}", tenant.name());
+        let (code, obj) = call(client, Method::GET, &path, None).await?;
         if code == StatusCode::NOT_FOUND {
             return Err(format!(
                 "tenant {:?} does not exist in this cluster (its administrator adds it)",
@@ -102,6 +103,25 @@ impl Tenants {
         }
         if !code.is_success() {
             return Err(format!("looking up tenant {:?}: the apiserver answered {code}", tenant.name()));
+        }
+        if obj.pointer("/metadata/deletionTimestamp").is_some() {
+            return Err(format!("tenant {:?} is being deleted", tenant.name()));
+        }
+        // Deleting the Tenant deletes its objects first (see `cleanup`).
+        let has_finalizer = obj["metadata"]["finalizers"].as_array().is_some_and(|f| f.iter().any(|x| x == FINALIZER));
+        if !has_finalizer {
+            let mut finalizers = obj["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
+            finalizers.push(json!(FINALIZER));
+            let patch =
+                json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj["metadata"]["resourceVersion"]}});
+            let (code, body) = call_patch(client, &path, &patch).await?;
+            if !code.is_success() {
+                return Err(format!(
+                    "tenant {:?}: {}",
+                    tenant.name(),
+                    body["message"].as_str().unwrap_or(code.as_str())
+                ));
+            }
         }
         bootstrap(client, tenant).await?;
         if let Ok(mut r) = self.ready.lock() {
@@ -116,6 +136,147 @@ impl Tenants {
             r.clear();
         }
     }
+
+    fn forget(&self, name: &str) {
+        if let Ok(mut r) = self.ready.lock() {
+            r.remove(name);
+        }
+    }
+
+    /// Every few seconds: a Tenant being deleted stops being served, its objects are
+    /// deleted, and once none is left its finalizer goes (and with it the Tenant).
+    pub async fn run_cleanup(
+        self: std::sync::Arc<Self>,
+        client: kube::Client,
+        discovery: std::sync::Arc<crate::discovery::Discovery>,
+    ) {
+        loop {
+            tokio::time::sleep(CLEANUP_INTERVAL).await;
+            let list = match call(&client, Method::GET, &format!("/apis/{GROUP}/{VERSION}/tenants"), None).await {
+                Ok((code, list)) if code.is_success() => list,
+                _ => continue,
+            };
+            for t in list["items"].as_array().into_iter().flatten() {
+                let deleting = t.pointer("/metadata/deletionTimestamp").is_some();
+                let ours = t["metadata"]["finalizers"].as_array().is_some_and(|f| f.iter().any(|x| x == FINALIZER));
+                let Some(name) = t["metadata"]["name"].as_str() else { continue };
+                if !(deleting && ours) {
+                    continue;
+                }
+                self.forget(name);
+                let Ok(tenant) = Tenant::new(name) else { continue };
+                match cleanup(&client, &discovery.tables(), &tenant).await {
+                    Ok(0) => {
+                        let rest: Vec<Value> = t["metadata"]["finalizers"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter(|x| *x != FINALIZER)
+                            .cloned()
+                            .collect();
+                        let path = format!("/apis/{GROUP}/{VERSION}/tenants/{name}");
+                        let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": t["metadata"]["resourceVersion"]}});
+                        match call_patch(&client, &path, &patch).await {
+                            Ok((code, _)) if code.is_success() => {
+                                tracing::info!(tenant = name, "tenant deleted with its objects")
+                            }
+                            other => {
+                                tracing::warn!(tenant = name, answer = ?other.map(|(c, _)| c), "removing the tenant's finalizer")
+                            }
+                        }
+                    }
+                    Ok(left) => tracing::info!(tenant = name, left, "deleting the tenant's objects"),
+                    Err(e) => tracing::warn!(tenant = name, error = %e, "deleting the tenant's objects"),
+                }
+            }
+        }
+    }
+}
+
+/// How often the proxy looks for Tenants being deleted.
+const CLEANUP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The finalizer that keeps a Tenant until its objects are gone.
+pub const FINALIZER: &str = "tenancy.minik8s.io/objects";
+
+async fn call_patch(client: &kube::Client, path: &str, patch: &Value) -> Result<(StatusCode, Value), String> {
+    let req = http::Request::builder()
+        .method(Method::PATCH)
+        .uri(path)
+        .header(header::ACCEPT, "application/json")
+        .header(header::CONTENT_TYPE, "application/merge-patch+json")
+        .body(serde_json::to_vec(patch).unwrap_or_default())
+        .map_err(|e| e.to_string())?;
+    let resp = client.send(req.map(kube::client::Body::from)).await.map_err(|e| e.to_string())?;
+    let code = resp.status();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((code, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+}
+
+/// The collections holding a tenant's cluster-scoped objects (its namespaces among them:
+/// deleting those deletes everything in them), by name prefix; pure.
+pub fn owned_collections(tables: &crate::resources::Resources) -> Vec<String> {
+    let mut out: Vec<String> = tables
+        .all()
+        .filter(|r| !r.namespaced && !crate::resources::is_crd(&r.group, &r.plural))
+        .filter(|r| crate::resources::access(&r.group, &r.plural) == crate::resources::Access::Own)
+        .map(|r| {
+            if r.group.is_empty() {
+                format!("/api/{}/{}", r.version, r.plural)
+            } else {
+                format!("/apis/{}/{}/{}", r.group, r.version, r.plural)
+            }
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Delete what is left of `tenant`: its cluster-scoped objects and namespaces, its CRDs.
+/// Returns how many objects were still there (0: nothing left).
+async fn cleanup(
+    client: &kube::Client,
+    tables: &crate::resources::Resources,
+    tenant: &Tenant,
+) -> Result<usize, String> {
+    let mut left = 0;
+    let mut targets: Vec<String> = Vec::new();
+    for collection in owned_collections(tables) {
+        let (code, list) =
+            call(client, Method::GET, &format!("{collection}?tenantPrefix={}", tenant.prefix()), None).await?;
+        if !code.is_success() {
+            continue;
+        }
+        for item in list["items"].as_array().into_iter().flatten() {
+            if let Some(name) = item["metadata"]["name"].as_str() {
+                left += 1;
+                if item.pointer("/metadata/deletionTimestamp").is_none() {
+                    targets.push(format!("{collection}/{name}"));
+                }
+            }
+        }
+    }
+    let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    let (code, list) = call(client, Method::GET, crds, None).await?;
+    if code.is_success() {
+        for item in list["items"].as_array().into_iter().flatten() {
+            let group = item["spec"]["group"].as_str().unwrap_or_default();
+            let name = item["metadata"]["name"].as_str().unwrap_or_default();
+            if !crate::tenant::is_builtin_group(group) && tenant.group_down(group).is_some() {
+                left += 1;
+                if item.pointer("/metadata/deletionTimestamp").is_none() {
+                    targets.push(format!("{crds}/{name}"));
+                }
+            }
+        }
+    }
+    for path in targets {
+        let (code, body) = call(client, Method::DELETE, &path, None).await?;
+        if !code.is_success() && code != StatusCode::NOT_FOUND {
+            tracing::warn!(path, message = body["message"].as_str().unwrap_or_default(), "deleting a tenant's object");
+        }
+    }
+    Ok(left)
 }
 
 /// A tenant's starting objects (idempotent).
@@ -151,4 +312,35 @@ async fn bootstrap(client: &kube::Client, tenant: &Tenant) -> Result<(), String>
 fn role(tenant: &Tenant, name: &str, rules: Value) -> Value {
     json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": tenant.up(name)}, "rules": rules})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_s_objects_are_found_in_every_cluster_scoped_kind_it_owns() {
+        let mut r = crate::resources::Resources::default();
+        r.add_list(
+            "",
+            "v1",
+            &json!({"resources": [
+                {"name": "namespaces", "kind": "Namespace", "namespaced": false},
+                {"name": "nodes", "kind": "Node", "namespaced": false},
+                {"name": "pods", "kind": "Pod", "namespaced": true},
+                {"name": "persistentvolumes", "kind": "PersistentVolume", "namespaced": false},
+            ]}),
+        );
+        r.add_list(
+            "apiextensions.k8s.io",
+            "v1",
+            &json!({"resources": [{"name": "customresourcedefinitions", "kind": "CustomResourceDefinition", "namespaced": false}]}),
+        );
+        r.add_list(
+            "certificates.k8s.io",
+            "v1",
+            &json!({"resources": [{"name": "certificatesigningrequests", "kind": "CertificateSigningRequest", "namespaced": false}]}),
+        );
+        assert_eq!(owned_collections(&r), vec!["/api/v1/namespaces", "/api/v1/persistentvolumes"]);
+    }
 }

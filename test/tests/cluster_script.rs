@@ -248,6 +248,13 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
     let (ok, out) =
         e2e::kubectl_at(&tkc, &["exec", "-i", "hello", "--", "sh", "-c", "read x; echo got-$x"], Some("ping\n"));
     assert!(ok && out.contains("got-ping"), "tenant exec:\n{out}");
+    let (ok, out) = cluster(&home, port, &["tenant", "delete", "acme"]);
+    assert!(ok, "tenant delete:\n{out}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while kubectl(&kc, &["get", "namespace", "acme-default"]).0 {
+        assert!(Instant::now() < deadline, "the deleted tenant's namespace stays");
+        std::thread::sleep(Duration::from_millis(500));
+    }
 
     let (ok, out) = cluster(&home, port, &["up"]);
     assert!(ok && out.contains("already up"), "a second up is a no-op that says so:\n{out}");

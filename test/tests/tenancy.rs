@@ -211,6 +211,18 @@ fn two_tenants_each_get_a_cluster_of_their_own() -> Result<()> {
         kubectl(&acme, &["get", "pv", "pv1", "-o", "jsonpath={.spec.claimRef.namespace}/{.spec.claimRef.name}"]);
     assert_eq!(claim, "prod/data");
     assert!(names(&bob, &["pv"]).is_empty());
+
+    // Deleting a Tenant deletes everything it made; then it is gone, and so is its access.
+    kubectl(&admin, &["delete", "tenant", "bob", "--wait=false"]);
+    eventually("bob's objects and the Tenant are deleted", || {
+        let left = |args: &[&str]| names(&admin, args).into_iter().filter(|n| n.starts_with("bob")).count();
+        let crds = names(&admin, &["crd"]).into_iter().filter(|n| n.contains(".bob.")).count();
+        left(&["namespaces"]) + left(&["clusterroles"]) + left(&["clusterrolebindings"]) + crds + left(&["tenants"])
+            == 0
+    });
+    let out = kubectl_fails(&bob, &["get", "namespaces"]);
+    assert!(out.contains(r#"tenant "bob" does not exist"#), "{out}");
+    assert_eq!(names(&acme, &["crd"]), ["widgets.example.com"], "the other tenant keeps everything");
     Ok(())
 }
 

@@ -325,7 +325,10 @@ impl Kubelet {
             .spawn()
             .context("spawning kubelet")?;
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // A bound, not a speed requirement: before its first log line the kubelet waits on
+        // Docker (version negotiation), which can take long while Docker removes many
+        // containers of earlier tests.
+        let deadline = Instant::now() + Duration::from_secs(90);
         while Instant::now() < deadline {
             if let Some(c) = self.child.as_mut() {
                 if let Some(st) = c.try_wait()? {
@@ -337,7 +340,7 @@ impl Kubelet {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        bail!("kubelet not healthy in 30s; log:\n{}", self.log())
+        bail!("kubelet not healthy in 90s; log:\n{}", self.log())
     }
 
     /// SIGKILL the process (its pods keep running in Docker).

@@ -489,11 +489,14 @@ fn a_tenant_s_pod_runs_and_answers_logs_and_exec() -> Result<()> {
     if !e2e::kubelet::require_docker() {
         return Ok(());
     }
+    // The kubelet as `scripts/cluster` runs it: its own identity, the Node authorizer.
     let node = e2e::kubelet::Kubelet::node_name("tenant");
     let api = ApiServer::start_tls(&[node.as_str()], &["--authorization-mode", "Node,RBAC"])?;
     let _cm = ControllerManager::start(&api, &["--use-service-account-credentials"])?;
     let kubeconfig = api.identity(&format!("kubelet-{node}.conf")).display().to_string();
     let _kubelet = e2e::kubelet::Kubelet::start_named(&api.https_url(), &node, &["--kubeconfig".into(), kubeconfig])?;
+    let admin = api.identity("admin.conf");
+    eventually("the node registers", || kubectl_at(&admin, &["get", "node", &node], None).0);
     let proxy = TenantProxy::start(&api)?;
     proxy.add_tenant("acme")?;
     let acme = proxy.kubeconfig("acme", "admin", "system:masters")?;

@@ -65,8 +65,8 @@ impl Resources {
 pub enum Access {
     /// The tenant's own objects: namespaces or names converted.
     Own,
-    /// Shared by every tenant and read-only to them (Nodes: a lab user looks at the machines
-    /// its pods run on, and must not cordon or delete them).
+    /// Shared by every tenant and read-only to them (Nodes and their metrics: a lab user looks
+    /// at the machines its pods run on, and must not cordon or delete them).
     SharedReadOnly,
     /// Reviews about the caller itself (`kubectl auth can-i`, `whoami`): converted and
     /// answered upstream for the impersonated user.
@@ -81,6 +81,7 @@ pub enum Access {
 pub fn access(group: &str, plural: &str) -> Access {
     match (group, plural) {
         ("", "nodes")
+        | ("metrics.k8s.io", "nodes")
         | ("", "componentstatuses")
         | ("node.k8s.io", "runtimeclasses")
         | ("storage.k8s.io", "csidrivers") => Access::SharedReadOnly,
@@ -133,6 +134,7 @@ mod tests {
         assert_eq!(access("", "pods"), Access::Own);
         assert_eq!(access("rbac.authorization.k8s.io", "clusterroles"), Access::Own);
         assert_eq!(access("", "nodes"), Access::SharedReadOnly);
+        assert_eq!(access("metrics.k8s.io", "nodes"), Access::SharedReadOnly, "kubectl top node");
         assert_eq!(access("admissionregistration.k8s.io", "validatingwebhookconfigurations"), Access::Forbidden);
         assert_eq!(access("authorization.k8s.io", "selfsubjectaccessreviews"), Access::SelfReview);
         assert_eq!(access("authorization.k8s.io", "subjectaccessreviews"), Access::Forbidden);

@@ -210,9 +210,10 @@ async fn resource(proxy: &Proxy, caller: &Caller, req: Request, path: ResourcePa
     if !up_query.is_empty() {
         pq = format!("{pq}?{up_query}");
     }
+    // One snapshot of the resource tables for the request, taken after `find` read any new ones.
+    let tables = proxy.discovery.tables();
+    let conv = Converter::new(tenant, &tables);
     if crate::connect::is_upgrade(req.headers()) {
-        let tables = proxy.discovery.tables();
-        let conv = Converter::new(tenant, &tables);
         return crate::connect::splice(&proxy.upstream, &conv, caller, req, &pq).await;
     }
     let (parts, body) = req.into_parts();
@@ -222,8 +223,6 @@ async fn resource(proxy: &Proxy, caller: &Caller, req: Request, path: ResourcePa
         Ok(b) => b,
         Err(_) => return status(413, "RequestEntityTooLarge", "the request body is larger than 3 MiB", None),
     };
-    let tables = proxy.discovery.tables();
-    let conv = Converter::new(tenant, &tables);
     let body = match body_up(&conv, &res, &content_type, &body) {
         Ok(b) => b,
         Err(r) => return r,
@@ -260,8 +259,6 @@ async fn resource(proxy: &Proxy, caller: &Caller, req: Request, path: ResourcePa
     let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
         return (parts.status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response();
     };
-    let tables = proxy.discovery.tables();
-    let conv = Converter::new(tenant, &tables);
     if !conv.body_down(&mut v, Some(&res)) {
         // One object that is not the tenant's: as if it did not exist.
         let name = path.name.clone().unwrap_or_default();

@@ -56,9 +56,11 @@ async fn call(
     path: &str,
     body: Option<&Value>,
 ) -> Result<(StatusCode, Value), String> {
+    // A PATCH here is always a merge patch.
+    let content_type = if method == Method::PATCH { "application/merge-patch+json" } else { "application/json" };
     let mut req = http::Request::builder().method(method).uri(path).header(header::ACCEPT, "application/json");
     if body.is_some() {
-        req = req.header(header::CONTENT_TYPE, "application/json");
+        req = req.header(header::CONTENT_TYPE, content_type);
     }
     let req = req
         .body(body.map(|b| serde_json::to_vec(b).unwrap_or_default()).unwrap_or_default())
@@ -108,13 +110,9 @@ impl Tenants {
             return Err(format!("tenant {:?} is being deleted", tenant.name()));
         }
         // Deleting the Tenant deletes its objects first (see `cleanup`).
-        let has_finalizer = obj["metadata"]["finalizers"].as_array().is_some_and(|f| f.iter().any(|x| x == FINALIZER));
-        if !has_finalizer {
-            let mut finalizers = obj["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
-            finalizers.push(json!(FINALIZER));
-            let patch =
-                json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj["metadata"]["resourceVersion"]}});
-            let (code, body) = call_patch(client, &path, &patch).await?;
+        if !has_finalizer(&obj) {
+            let patch = finalizer_patch(&obj, true);
+            let (code, body) = call(client, Method::PATCH, &path, Some(&patch)).await?;
             if !code.is_success() {
                 return Err(format!(
                     "tenant {:?}: {}",
@@ -158,25 +156,17 @@ impl Tenants {
             };
             for t in list["items"].as_array().into_iter().flatten() {
                 let deleting = t.pointer("/metadata/deletionTimestamp").is_some();
-                let ours = t["metadata"]["finalizers"].as_array().is_some_and(|f| f.iter().any(|x| x == FINALIZER));
                 let Some(name) = t["metadata"]["name"].as_str() else { continue };
-                if !(deleting && ours) {
+                if !(deleting && has_finalizer(t)) {
                     continue;
                 }
                 self.forget(name);
                 let Ok(tenant) = Tenant::new(name) else { continue };
                 match cleanup(&client, &discovery.tables(), &tenant).await {
                     Ok(0) => {
-                        let rest: Vec<Value> = t["metadata"]["finalizers"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .filter(|x| *x != FINALIZER)
-                            .cloned()
-                            .collect();
                         let path = format!("/apis/{GROUP}/{VERSION}/tenants/{name}");
-                        let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": t["metadata"]["resourceVersion"]}});
-                        match call_patch(&client, &path, &patch).await {
+                        let patch = finalizer_patch(t, false);
+                        match call(&client, Method::PATCH, &path, Some(&patch)).await {
                             Ok((code, _)) if code.is_success() => {
                                 tracing::info!(tenant = name, "tenant deleted with its objects")
                             }
@@ -199,18 +189,24 @@ const CLEANUP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
 /// The finalizer that keeps a Tenant until its objects are gone.
 pub const FINALIZER: &str = "tenancy.minik8s.io/objects";
 
-async fn call_patch(client: &kube::Client, path: &str, patch: &Value) -> Result<(StatusCode, Value), String> {
-    let req = http::Request::builder()
-        .method(Method::PATCH)
-        .uri(path)
-        .header(header::ACCEPT, "application/json")
-        .header(header::CONTENT_TYPE, "application/merge-patch+json")
-        .body(serde_json::to_vec(patch).unwrap_or_default())
-        .map_err(|e| e.to_string())?;
-    let resp = client.send(req.map(kube::client::Body::from)).await.map_err(|e| e.to_string())?;
-    let code = resp.status();
-    let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.map_err(|e| e.to_string())?.to_bytes();
-    Ok((code, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+fn has_finalizer(tenant: &Value) -> bool {
+    tenant["metadata"]["finalizers"].as_array().is_some_and(|f| f.iter().any(|x| x == FINALIZER))
+}
+
+/// A merge patch adding (or removing) the proxy's finalizer, guarded by the Tenant's
+/// resourceVersion (a merge patch replaces the whole list).
+fn finalizer_patch(tenant: &Value, add: bool) -> Value {
+    let mut finalizers: Vec<Value> = tenant["metadata"]["finalizers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|x| *x != FINALIZER)
+        .cloned()
+        .collect();
+    if add {
+        finalizers.push(json!(FINALIZER));
+    }
+    json!({"metadata": {"finalizers": finalizers, "resourceVersion": tenant["metadata"]["resourceVersion"]}})
 }
 
 /// The collections holding a tenant's cluster-scoped objects (its namespaces among them:
@@ -342,5 +338,14 @@ mod tests {
             &json!({"resources": [{"name": "certificatesigningrequests", "kind": "CertificateSigningRequest", "namespaced": false}]}),
         );
         assert_eq!(owned_collections(&r), vec!["/api/v1/namespaces", "/api/v1/persistentvolumes"]);
+    }
+
+    #[test]
+    fn the_finalizer_is_added_and_removed_keeping_the_others() {
+        let t = json!({"metadata": {"finalizers": ["other"], "resourceVersion": "7"}});
+        let added = finalizer_patch(&t, true);
+        assert_eq!(added, json!({"metadata": {"finalizers": ["other", FINALIZER], "resourceVersion": "7"}}));
+        assert!(has_finalizer(&added));
+        assert_eq!(finalizer_patch(&added, false)["metadata"]["finalizers"], json!(["other"]));
     }
 }

@@ -73,9 +73,11 @@ fn objects(
         let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 10)) + i as u32);
         svcs.push(
             // The first 2,700 are NodePort services (the node port range has room for that many).
-            serde_json::from_value(json!({"metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
+            serde_json::from_value(
+                json!({"metadata": {"name": format!("svc-{i}"), "namespace": "bench", "resourceVersion": "1"},
                 "spec": {"type": if i < 2700 { "NodePort" } else { "ClusterIP" }, "clusterIP": ip.to_string(),
-                         "ports": [{"name": "http", "port": 80, "nodePort": 30000 + i.min(2699)}]}}))
+                         "ports": [{"name": "http", "port": 80, "nodePort": 30000 + i.min(2699)}]}}),
+            )
             .expect("static json"),
         );
         let addrs: Vec<_> = (0..eps)
@@ -89,6 +91,7 @@ fn objects(
             .collect();
         slices.push(
             serde_json::from_value(json!({"metadata": {"name": format!("svc-{i}-x"), "namespace": "bench",
+                    "resourceVersion": if i == n - 1 { (1 + generation).to_string() } else { "1".to_string() },
                     "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
                 "addressType": "IPv4", "endpoints": addrs, "ports": [{"name": "http", "port": 8080}]}))
             .expect("static json"),
@@ -234,16 +237,48 @@ fn inner(n: usize, eps: usize, requests: usize) -> anyhow::Result<()> {
             // Where an nftables sync's own time goes (pure functions, no kernel).
             let (p0, _) = ports(n, eps, 0, 0, BACKEND_PORTS[1]);
             let (p1, _) = ports(n, eps, 1, 0, BACKEND_PORTS[1]);
+            // The proxy's model cache: from scratch, then one changed EndpointSlice.
+            let (s0, e0) = objects(n, eps, 0, 0, BACKEND_PORTS[1]);
+            let (s1, e1) = objects(n, eps, 1, 0, BACKEND_PORTS[1]);
+            let mut cache = kubeproxy::model::PortCache::default();
+            let node = NodeInfo::named("bench");
             let t = Instant::now();
-            let r0 = kubeproxy::nftables::render(&p0, &cfg);
-            let render = t.elapsed();
-            let r1 = kubeproxy::nftables::render(&p1, &cfg);
+            cache.ports(&s0, &e0, &node);
+            let scratch = t.elapsed();
             let t = Instant::now();
-            let script = kubeproxy::nftables::script(Some(&r0), &r1, &cfg);
-            let diff = t.elapsed();
+            let cached = cache.ports(&s1, &e1, &node);
+            let model_one = t.elapsed();
+            assert_eq!(cached, p1, "the cache agrees with service_ports");
+            // Baseline, what the proxy did before the cache: copy every object out of the
+            // reflector stores, then compute every Service.
+            let stores = (
+                s1.iter().map(|s| std::sync::Arc::new(s.clone())).collect::<Vec<_>>(),
+                e1.iter().map(|e| std::sync::Arc::new(e.clone())).collect::<Vec<_>>(),
+            );
+            let t = Instant::now();
+            let copied: (Vec<Service>, Vec<EndpointSlice>) =
+                (stores.0.iter().map(|s| (**s).clone()).collect(), stores.1.iter().map(|e| (**e).clone()).collect());
+            let all = service_ports(&copied.0, &copied.1, &node);
+            let baseline = t.elapsed();
+            assert_eq!(all, p1);
+            let t = Instant::now();
+            cache.ports(&stores.0, &stores.1, &node);
+            let from_stores = t.elapsed();
             println!(
-                "nftables  render of every service: {render:.2?}; diff of two renders: {diff:.2?} ({} bytes)",
-                script.map_or(0, |s| s.len())
+                "model     from scratch: {scratch:.2?}; one endpoint change: cached {model_one:.2?}, from the stores' Arcs {from_stores:.2?} vs copy + service_ports {baseline:.2?} (baseline) = {:.2}x",
+                from_stores.as_secs_f64() / baseline.as_secs_f64()
+            );
+            let mut table = kubeproxy::nftables::Table::default();
+            let t = Instant::now();
+            let full = table.sync(&p0, &cfg).map_or(0, |tx| tx.ops.len());
+            let from_scratch = t.elapsed();
+            let t = Instant::now();
+            let tx = table.sync(&p1, &cfg);
+            let one = t.elapsed();
+            let netlink = tx.as_ref().and_then(|tx| kubeproxy::nft_netlink::encode(&tx.ops)).map_or(0, |b| b.len());
+            println!(
+                "nftables  changes computed from scratch: {from_scratch:.2?} ({full} operations); for one endpoint change: {one:.2?} ({} operations, {netlink} bytes of netlink)",
+                tx.map_or(0, |tx| tx.ops.len())
             );
         }
         let modes = std::env::var("KUBEPROXY_BENCH_MODES").unwrap_or_else(|_| "iptables,nftables".into());

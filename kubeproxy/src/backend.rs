@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 
 use crate::iptables::{self, Config, Tables};
 use crate::model::ServicePort;
-use crate::{ipvs, nftables};
+use crate::{ipvs, nft_netlink, nftables};
 
 /// The outcome of one sync.
 #[derive(Clone, Debug, Default)]
@@ -145,15 +145,19 @@ impl Backend for Iptables {
     }
 }
 
-/// nftables mode.
+/// nftables mode: the whole table with `nft -f` on the first sync (and after a failure),
+/// then only what changed, sent as one netlink transaction when every change is of a form
+/// [`crate::nft_netlink`] encodes (an endpoint or a Service coming or going), else with
+/// `nft -f`. `nft` lists the whole table before each transaction, which at 10,000 Services
+/// costs it more than the change.
 pub struct Nftables {
     pub cfg: Config,
-    applied: Option<nftables::Ruleset>,
+    table: nftables::Table,
 }
 
 impl Nftables {
     pub fn new(cfg: Config) -> Self {
-        Nftables { cfg, applied: None }
+        Nftables { cfg, table: nftables::Table::default() }
     }
 
     /// Remove the `kube-proxy` table (`--cleanup`).
@@ -169,22 +173,28 @@ impl Backend for Nftables {
     }
 
     fn sync(&mut self, ports: &[ServicePort]) -> anyhow::Result<SyncStats> {
-        let desired = nftables::render(ports, &self.cfg);
-        let applied = self.applied.take();
-        let mut stats = SyncStats { rules: desired.rule_count(), ..Default::default() };
-        if let Some(script) = nftables::script(applied.as_ref(), &desired, &self.cfg) {
-            stats.bytes = script.len();
-            stats.wrote = true;
-            let t = std::time::Instant::now();
-            run_with_input("nft", &["-f", "-"], &script)?;
-            stats.apply = t.elapsed();
+        let tx = self.table.sync(ports, &self.cfg);
+        let mut stats = SyncStats { rules: self.table.rule_count(), ..Default::default() };
+        let Some(tx) = tx else { return Ok(stats) };
+        stats.wrote = true;
+        let t = std::time::Instant::now();
+        match (!tx.full).then(|| nft_netlink::encode(&tx.ops)).flatten() {
+            Some(batch) => {
+                stats.bytes = batch.len();
+                nft_netlink::send(&batch).context("nftables netlink transaction")?;
+            }
+            None => {
+                let script = tx.script(&self.cfg);
+                stats.bytes = script.len();
+                run_with_input("nft", &["-f", "-"], &script)?;
+            }
         }
-        self.applied = Some(desired);
+        stats.apply = t.elapsed();
         Ok(stats)
     }
 
     fn invalidate(&mut self) {
-        self.applied = None;
+        self.table = nftables::Table::default();
     }
 }
 

@@ -1,6 +1,7 @@
 //! MiniK8s' node proxy as a library: the pure rule computation ([`model`], [`iptables`],
 //! [`nftables`], [`ipvs`], [`dns`], [`ingress`]), the load balancer health checks
-//! ([`healthcheck`]) and the thin shells that apply them ([`backend`], [`proxier`], [`sysctl`]). The `kubeproxy` binary wires them to flags; the
+//! ([`healthcheck`]) and the thin shells that apply them ([`backend`], [`nft_netlink`]'s send,
+//! [`proxier`], [`sysctl`]). The `kubeproxy` binary wires them to flags; the
 //! benchmark (`examples/kubeproxy_bench.rs`) drives them directly.
 
 pub mod backend;
@@ -14,6 +15,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod ipvs_netlink;
 pub mod model;
+pub mod nft_netlink;
 pub mod nftables;
 pub mod proxier;
 pub mod sysctl;

@@ -9,7 +9,8 @@
 //! (`loadBalancerSourceRanges`) included; the health check server
 //! ([`crate::healthcheck`]) reads the same list.
 
-use std::collections::BTreeMap;
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::Ipv4Addr;
 
@@ -234,89 +235,167 @@ pub fn service_ports(services: &[Service], slices: &[EndpointSlice], node: &Node
         by_service.entry((ns, svc.clone())).or_default().push(s);
     }
     let mut out = Vec::new();
+    let empty = Vec::new();
     for svc in services {
-        let Some(spec) = svc.spec.as_ref() else { continue };
-        if spec.type_.as_deref() == Some("ExternalName") {
-            continue;
-        }
-        // Services handed to another proxy implementation are not ours (Kubernetes' label).
-        if svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
-            continue;
-        }
-        let Some(cluster_ip) = spec.cluster_ip.as_deref().and_then(|ip| ip.parse::<Ipv4Addr>().ok()) else {
-            continue; // headless, unallocated or IPv6
-        };
-        let namespace = svc.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-        let name = svc.metadata.name.clone().unwrap_or_default();
-        let external_ips: Vec<Ipv4Addr> = spec.external_ips.iter().flatten().filter_map(|ip| ip.parse().ok()).collect();
-        // An ingress in `Proxy` mode is reached through the load balancer's own proxy, never
-        // addressed to its IP on the node: Kubernetes leaves it alone.
-        let load_balancer_ips: Vec<Ipv4Addr> = if spec.type_.as_deref() == Some("LoadBalancer") {
-            svc.status
-                .as_ref()
-                .and_then(|s| s.load_balancer.as_ref())
-                .and_then(|lb| lb.ingress.as_ref())
-                .into_iter()
-                .flatten()
-                .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
-                .filter_map(|i| i.ip.as_deref().and_then(|ip| ip.parse().ok()))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let load_balancer_source_ranges: Vec<Cidr> =
-            spec.load_balancer_source_ranges.iter().flatten().filter_map(|r| Cidr::parse(r)).collect();
-        let source_ranges_allow_node =
-            node.ip.is_some_and(|ip| load_balancer_source_ranges.iter().any(|r| r.contains(ip)));
-        let health_check_node_port = (spec.type_.as_deref() == Some("LoadBalancer")
-            && spec.external_traffic_policy.as_deref() == Some("Local"))
-        .then(|| spec.health_check_node_port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0))
-        .flatten();
-        let affinity_timeout = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
-            spec.session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds)
-                .and_then(|t| u32::try_from(t).ok())
-                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT)
-        });
-        let node_port_type = matches!(spec.type_.as_deref(), Some("NodePort") | Some("LoadBalancer"));
-        let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-        let external_policy_local = spec.external_traffic_policy.as_deref() == Some("Local");
-        let empty = Vec::new();
-        let svc_slices = by_service.get(&(namespace.clone(), name.clone())).unwrap_or(&empty);
-        for p in spec.ports.iter().flatten() {
-            let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else { continue };
-            let Ok(port) = u16::try_from(p.port) else { continue };
-            let port_name = p.name.clone().unwrap_or_default();
-            let all_endpoints = endpoints_for(svc_slices, &port_name, protocol, node);
-            let cluster_endpoints = usable(&all_endpoints, |e| !internal_policy_local || e.local);
-            let external_endpoints = usable(&all_endpoints, |e| !external_policy_local || e.local);
-            let node_port =
-                if node_port_type { p.node_port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n != 0) } else { None };
-            out.push(ServicePort {
-                name: ServicePortName { namespace: namespace.clone(), name: name.clone(), port: port_name },
-                protocol,
-                cluster_ip,
-                port,
-                node_port,
-                external_ips: external_ips.clone(),
-                load_balancer_ips: load_balancer_ips.clone(),
-                load_balancer_source_ranges: load_balancer_source_ranges.clone(),
-                source_ranges_allow_node,
-                health_check_node_port,
-                affinity_timeout,
-                internal_policy_local,
-                external_policy_local,
-                has_any_endpoint: !all_endpoints.is_empty(),
-                all_endpoints,
-                cluster_endpoints,
-                external_endpoints,
-            });
-        }
+        let key = (
+            svc.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            svc.metadata.name.clone().unwrap_or_default(),
+        );
+        service_ports_of(svc, by_service.get(&key).unwrap_or(&empty), node, &mut out);
     }
     out.sort_by(|a, b| (&a.name, a.protocol).cmp(&(&b.name, b.protocol)));
     out
+}
+
+/// [`service_ports`] kept between syncs: a Service's ports are computed again only when the
+/// Service or one of its EndpointSlices changed (by resourceVersion), as kube-proxy's change
+/// trackers do; an object without a resourceVersion counts as changed every time.
+#[derive(Default)]
+pub struct PortCache {
+    /// namespace → name → its ports.
+    services: HashMap<String, HashMap<String, Cached>>,
+    generation: u64,
+}
+
+struct Cached {
+    /// The Service's resourceVersion, then its slices' names and resourceVersions.
+    versions: Option<Vec<String>>,
+    ports: Vec<ServicePort>,
+    seen: u64,
+}
+
+impl PortCache {
+    /// The same list as [`service_ports`] of the same objects.
+    pub fn ports<S: Borrow<Service>, E: Borrow<EndpointSlice>>(
+        &mut self,
+        services: &[S],
+        slices: &[E],
+        node: &NodeInfo,
+    ) -> Vec<ServicePort> {
+        self.generation += 1;
+        let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+        for s in slices {
+            let s = s.borrow();
+            if s.address_type != "IPv4" {
+                continue;
+            }
+            let Some(svc) = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) else { continue };
+            by_service.entry((s.metadata.namespace.as_deref().unwrap_or(""), svc)).or_default().push(s);
+        }
+        let mut out = Vec::new();
+        for svc in services {
+            let svc = svc.borrow();
+            let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+            let name = svc.metadata.name.as_deref().unwrap_or_default();
+            let mut svc_slices = by_service.remove(&(ns, name)).unwrap_or_default();
+            svc_slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            // (Compared before anything is copied: most Services did not change.)
+            let metas = || std::iter::once(&svc.metadata).chain(svc_slices.iter().map(|s| &s.metadata));
+            let versions = || metas().flat_map(|m| [m.name.as_deref(), m.resource_version.as_deref()]);
+            let cached = self.services.get_mut(ns).and_then(|by_name| by_name.get_mut(name));
+            match cached {
+                Some(c) if c.versions.as_ref().is_some_and(|v| v.iter().map(|s| Some(s.as_str())).eq(versions())) => {
+                    c.seen = self.generation;
+                    out.extend(c.ports.iter().cloned());
+                }
+                _ => {
+                    let mut ports = Vec::new();
+                    service_ports_of(svc, &svc_slices, node, &mut ports);
+                    out.extend(ports.iter().cloned());
+                    let versions = versions().map(|v| v.map(String::from)).collect();
+                    let entry = Cached { versions, ports, seen: self.generation };
+                    self.services.entry(ns.to_string()).or_default().insert(name.to_string(), entry);
+                }
+            }
+        }
+        let generation = self.generation;
+        for by_name in self.services.values_mut() {
+            by_name.retain(|_, c| c.seen == generation);
+        }
+        self.services.retain(|_, by_name| !by_name.is_empty());
+        out.sort_by(|a, b| (&a.name, a.protocol).cmp(&(&b.name, b.protocol)));
+        out
+    }
+}
+
+/// One Service's ports, given its EndpointSlices, appended to `out`.
+fn service_ports_of(svc: &Service, svc_slices: &[&EndpointSlice], node: &NodeInfo, out: &mut Vec<ServicePort>) {
+    let Some(spec) = svc.spec.as_ref() else { return };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return;
+    }
+    // Services handed to another proxy implementation are not ours (Kubernetes' label).
+    if svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
+        return;
+    }
+    let Some(cluster_ip) = spec.cluster_ip.as_deref().and_then(|ip| ip.parse::<Ipv4Addr>().ok()) else {
+        return; // headless, unallocated or IPv6
+    };
+    let namespace = svc.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    let external_ips: Vec<Ipv4Addr> = spec.external_ips.iter().flatten().filter_map(|ip| ip.parse().ok()).collect();
+    // An ingress in `Proxy` mode is reached through the load balancer's own proxy, never
+    // addressed to its IP on the node: Kubernetes leaves it alone.
+    let load_balancer_ips: Vec<Ipv4Addr> = if spec.type_.as_deref() == Some("LoadBalancer") {
+        svc.status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
+            .filter_map(|i| i.ip.as_deref().and_then(|ip| ip.parse().ok()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let load_balancer_source_ranges: Vec<Cidr> =
+        spec.load_balancer_source_ranges.iter().flatten().filter_map(|r| Cidr::parse(r)).collect();
+    let source_ranges_allow_node = node.ip.is_some_and(|ip| load_balancer_source_ranges.iter().any(|r| r.contains(ip)));
+    let health_check_node_port = (spec.type_.as_deref() == Some("LoadBalancer")
+        && spec.external_traffic_policy.as_deref() == Some("Local"))
+    .then(|| spec.health_check_node_port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0))
+    .flatten();
+    let affinity_timeout = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .and_then(|t| u32::try_from(t).ok())
+            .unwrap_or(DEFAULT_AFFINITY_TIMEOUT)
+    });
+    let node_port_type = matches!(spec.type_.as_deref(), Some("NodePort") | Some("LoadBalancer"));
+    let internal_policy_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let external_policy_local = spec.external_traffic_policy.as_deref() == Some("Local");
+    for p in spec.ports.iter().flatten() {
+        let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else { continue };
+        let Ok(port) = u16::try_from(p.port) else { continue };
+        let port_name = p.name.clone().unwrap_or_default();
+        let all_endpoints = endpoints_for(svc_slices, &port_name, protocol, node);
+        let cluster_endpoints = usable(&all_endpoints, |e| !internal_policy_local || e.local);
+        let external_endpoints = usable(&all_endpoints, |e| !external_policy_local || e.local);
+        let node_port =
+            if node_port_type { p.node_port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n != 0) } else { None };
+        out.push(ServicePort {
+            name: ServicePortName { namespace: namespace.clone(), name: name.clone(), port: port_name },
+            protocol,
+            cluster_ip,
+            port,
+            node_port,
+            external_ips: external_ips.clone(),
+            load_balancer_ips: load_balancer_ips.clone(),
+            load_balancer_source_ranges: load_balancer_source_ranges.clone(),
+            source_ranges_allow_node,
+            health_check_node_port,
+            affinity_timeout,
+            internal_policy_local,
+            external_policy_local,
+            has_any_endpoint: !all_endpoints.is_empty(),
+            all_endpoints,
+            cluster_endpoints,
+            external_endpoints,
+        });
+    }
 }
 
 /// The endpoints of one service port across its slices, deduplicated by `ip:port`
@@ -608,5 +687,41 @@ pub mod tests {
         .unwrap();
         assert_eq!(node_primary_ip(&external), Some("203.0.113.5".parse().unwrap()));
         assert_eq!(node_primary_ip(&serde_json::from_value(json!({"metadata": {"name": "n"}})).unwrap()), None);
+    }
+
+    #[test]
+    fn the_port_cache_recomputes_only_what_changed_and_agrees_with_service_ports() {
+        let with_rv = |mut s: Service, rv: &str| {
+            s.metadata.resource_version = Some(rv.into());
+            s
+        };
+        let slice_rv = |mut s: EndpointSlice, rv: &str| {
+            s.metadata.resource_version = Some(rv.into());
+            s
+        };
+        let node = NodeInfo::named("n");
+        let svcs = vec![
+            with_rv(simple_service("a", "10.96.0.1", 80), "1"),
+            with_rv(simple_service("b", "10.96.0.2", 80), "2"),
+        ];
+        let slices = vec![
+            slice_rv(simple_slice("a", &["10.0.0.1"], 80), "3"),
+            slice_rv(simple_slice("b", &["10.0.0.2"], 80), "4"),
+        ];
+        let mut cache = PortCache::default();
+        assert_eq!(cache.ports(&svcs, &slices, &node), service_ports(&svcs, &slices, &node));
+        // A cached Service is not computed again: a changed object under an unchanged
+        // resourceVersion shows the cached answer (which is how the cache is seen to work).
+        let mut stale = slices.clone();
+        stale[1] = slice_rv(simple_slice("b", &["10.0.0.9"], 80), "4");
+        assert_eq!(cache.ports(&svcs, &stale, &node), service_ports(&svcs, &slices, &node));
+        // A new resourceVersion is computed again; a Service gone is gone.
+        let mut changed = slices.clone();
+        changed[1] = slice_rv(simple_slice("b", &["10.0.0.9"], 80), "5");
+        assert_eq!(cache.ports(&svcs, &changed, &node), service_ports(&svcs, &changed, &node));
+        assert_eq!(cache.ports(&svcs[..1], &changed, &node), service_ports(&svcs[..1], &changed, &node));
+        // Objects without resourceVersions are always computed again.
+        let plain = vec![simple_service("a", "10.96.0.1", 8080)];
+        assert_eq!(cache.ports(&plain, &changed, &node)[0].port, 8080);
     }
 }

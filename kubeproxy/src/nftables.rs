@@ -19,15 +19,15 @@
 //! first sync (atomically replacing whatever a previous run left), then only the changed
 //! chains, map elements and sets.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::{self, Write as _};
 use std::net::Ipv4Addr;
 
 use sha2::{Digest, Sha256};
 
 use crate::chains::base32_prefix;
 use crate::iptables::Config;
-use crate::model::{usable, Endpoint, ServicePort};
+use crate::model::{usable, Cidr, Endpoint, Protocol, ServicePort, ServicePortName};
 
 pub const TABLE: &str = "kube-proxy";
 pub const MAP_SERVICE_IPS: &str = "service-ips";
@@ -37,11 +37,11 @@ pub const MAP_NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const MAP_FIREWALL_IPS: &str = "firewall-ips";
 pub const SET_ENDPOINT_HAIRPIN: &str = "endpoint-hairpin";
 
-/// The desired dynamic content of the table.
+/// The desired dynamic content of the table (all of it, or one service port's share).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ruleset {
     /// chain → rules.
-    pub chains: BTreeMap<String, Vec<String>>,
+    pub chains: BTreeMap<String, Vec<Rule>>,
     /// map → key → verdict.
     pub maps: BTreeMap<&'static str, BTreeMap<String, String>>,
     /// affinity set → timeout (s).
@@ -55,6 +55,82 @@ impl Ruleset {
         self.chains.values().map(Vec::len).sum::<usize>()
             + self.maps.values().map(BTreeMap::len).sum::<usize>()
             + self.elements.values().map(BTreeSet::len).sum::<usize>()
+    }
+}
+
+/// A jump or goto to a chain of the table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Jump(String),
+    Goto(String),
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Jump(c) => write!(f, "jump {c}"),
+            Verdict::Goto(c) => write!(f, "goto {c}"),
+        }
+    }
+}
+
+/// One rule of a service's chains. The forms an endpoint change rewrites are structured, so
+/// that [`crate::nft_netlink`] can send them to the kernel without `nft`; the rarer ones
+/// (firewall ranges, `fib`, affinity sets) are nft text. `Display` is the nft syntax.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// `ip daddr D <proto> dport P [ip saddr != CIDR] jump mark-for-masquerade`.
+    MarkForMasquerade { daddr: Ipv4Addr, protocol: Protocol, dport: u16, unless_from: Option<Cidr> },
+    /// `[numgen random mod N 0 ]meta l4proto <proto> dnat to IP:PORT`: taken with
+    /// probability 1/N (always without `one_in`).
+    Dnat { one_in: Option<u32>, protocol: Protocol, ip: Ipv4Addr, port: u16 },
+    /// `[numgen random mod N 0 ]jump|goto CHAIN`.
+    Verdict { one_in: Option<u32>, verdict: Verdict },
+    /// Anything else, in nft syntax.
+    Text(String),
+}
+
+impl Rule {
+    fn goto(chain: &str) -> Rule {
+        Rule::Verdict { one_in: None, verdict: Verdict::Goto(chain.to_string()) }
+    }
+    fn jump(chain: &str) -> Rule {
+        Rule::Verdict { one_in: None, verdict: Verdict::Jump(chain.to_string()) }
+    }
+    /// The same action, taken with probability 1/n.
+    fn one_in(self, n: u32) -> Rule {
+        match self {
+            Rule::Dnat { protocol, ip, port, .. } => Rule::Dnat { one_in: Some(n), protocol, ip, port },
+            Rule::Verdict { verdict, .. } => Rule::Verdict { one_in: Some(n), verdict },
+            other => Rule::Text(format!("numgen random mod {n} 0 {other}")),
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let numgen = |f: &mut fmt::Formatter<'_>, one_in: &Option<u32>| match one_in {
+            Some(n) => write!(f, "numgen random mod {n} 0 "),
+            None => Ok(()),
+        };
+        match self {
+            Rule::MarkForMasquerade { daddr, protocol, dport, unless_from } => {
+                write!(f, "ip daddr {daddr} {} dport {dport} ", protocol.lower())?;
+                if let Some(cidr) = unless_from {
+                    write!(f, "ip saddr != {cidr} ")?;
+                }
+                f.write_str("jump mark-for-masquerade")
+            }
+            Rule::Dnat { one_in, protocol, ip, port } => {
+                numgen(f, one_in)?;
+                write!(f, "meta l4proto {} dnat to {ip}:{port}", protocol.lower())
+            }
+            Rule::Verdict { one_in, verdict } => {
+                numgen(f, one_in)?;
+                write!(f, "{verdict}")
+            }
+            Rule::Text(t) => f.write_str(t),
+        }
     }
 }
 
@@ -166,7 +242,7 @@ pub fn base_script(cfg: &Config) -> String {
     )
 }
 
-/// The desired chains, map elements and sets for `ports`.
+/// The desired chains, map elements and sets for `ports` (the union of their shares).
 pub fn render(ports: &[ServicePort], cfg: &Config) -> Ruleset {
     let mut rs = Ruleset::default();
     for m in
@@ -176,135 +252,160 @@ pub fn render(ports: &[ServicePort], cfg: &Config) -> Ruleset {
     }
     rs.elements.insert(SET_ENDPOINT_HAIRPIN, BTreeSet::new());
     for sp in ports {
-        let proto = sp.protocol.lower();
-        let svc = service_chain(sp);
-        let local = local_chain(sp);
-        let ext = external_chain(sp);
-        let uses_cluster_chain = !sp.internal_policy_local || (sp.has_external() && !sp.external_policy_local);
-        let uses_local_chain = sp.internal_policy_local || (sp.has_external() && sp.external_policy_local);
-        let cluster_eps = usable(&sp.all_endpoints, |_| true);
-        let local_eps = usable(&sp.all_endpoints, |e| e.local);
-        let reject = |policy_local: bool| {
-            if policy_local && sp.has_any_endpoint {
-                "drop".to_string()
-            } else {
-                "goto reject-chain".to_string()
-            }
-        };
-
-        let cip_key = format!("{} . {proto} . {}", sp.cluster_ip, sp.port);
-        if !sp.cluster_endpoints.is_empty() {
-            let target = if sp.internal_policy_local { &local } else { &svc };
-            rs.maps.entry(MAP_SERVICE_IPS).or_default().insert(cip_key, format!("goto {target}"));
-        } else {
-            rs.maps.entry(MAP_NO_ENDPOINT_SERVICES).or_default().insert(cip_key, reject(sp.internal_policy_local));
+        let part = render_port(sp, cfg);
+        rs.chains.extend(part.chains);
+        rs.sets.extend(part.sets);
+        for (m, elems) in part.maps {
+            rs.maps.entry(m).or_default().extend(elems);
         }
-
-        if sp.has_external() {
-            let ext_keys: Vec<String> = sp
-                .external_ips
-                .iter()
-                .chain(&sp.load_balancer_ips)
-                .map(|ip| format!("{ip} . {proto} . {}", sp.port))
-                .collect();
-            let np_key = sp.node_port.map(|np| format!("{proto} . {np}"));
-            if !sp.external_endpoints.is_empty() {
-                for k in ext_keys {
-                    rs.maps.entry(MAP_SERVICE_IPS).or_default().insert(k, format!("goto {ext}"));
-                }
-                if let Some(k) = np_key {
-                    rs.maps.entry(MAP_SERVICE_NODEPORTS).or_default().insert(k, format!("goto {ext}"));
-                }
-                let mut r = Vec::new();
-                if sp.external_policy_local {
-                    let cluster_target = if uses_cluster_chain { &svc } else { &local };
-                    if let Some(cidr) = &cfg.cluster_cidr {
-                        r.push(format!("ip saddr {cidr} goto {cluster_target}"));
-                    }
-                    r.push("fib saddr type local jump mark-for-masquerade".to_string());
-                    r.push(format!("fib saddr type local goto {cluster_target}"));
-                    r.push(format!("goto {local}"));
-                } else {
-                    r.push("jump mark-for-masquerade".to_string());
-                    r.push(format!("goto {svc}"));
-                }
-                rs.chains.insert(ext, r);
-            } else {
-                let verdict = reject(sp.external_policy_local);
-                for k in ext_keys {
-                    rs.maps.entry(MAP_NO_ENDPOINT_SERVICES).or_default().insert(k, verdict.clone());
-                }
-                if let Some(k) = np_key {
-                    rs.maps.entry(MAP_NO_ENDPOINT_NODEPORTS).or_default().insert(k, verdict.clone());
-                }
-            }
-        }
-
-        // Whatever the endpoints, as Kubernetes' nftables mode: the firewall runs before them.
-        if sp.uses_firewall() {
-            let fw = firewall_chain(sp);
-            let sources: Vec<String> = sp.firewall_sources().iter().map(ToString::to_string).collect();
-            rs.chains.insert(fw.clone(), vec![format!("ip saddr != {{ {} }} drop", sources.join(", "))]);
-            for ip in &sp.load_balancer_ips {
-                rs.maps
-                    .entry(MAP_FIREWALL_IPS)
-                    .or_default()
-                    .insert(format!("{ip} . {proto} . {}", sp.port), format!("goto {fw}"));
-            }
-        }
-
-        if uses_cluster_chain && !cluster_eps.is_empty() {
-            let mut r = Vec::new();
-            if cfg.masquerade_all {
-                r.push(format!("ip daddr {} {proto} dport {} jump mark-for-masquerade", sp.cluster_ip, sp.port));
-            } else if let Some(cidr) = &cfg.cluster_cidr {
-                r.push(format!(
-                    "ip daddr {} {proto} dport {} ip saddr != {cidr} jump mark-for-masquerade",
-                    sp.cluster_ip, sp.port
-                ));
-            }
-            r.extend(lb_rules(sp, &cluster_eps));
-            rs.chains.insert(svc.clone(), r);
-        }
-        if uses_local_chain && !local_eps.is_empty() {
-            rs.chains.insert(local.clone(), lb_rules(sp, &local_eps));
-        }
-        let mut eps: BTreeSet<&Endpoint> = BTreeSet::new();
-        if uses_cluster_chain {
-            eps.extend(cluster_eps.iter());
-        }
-        if uses_local_chain {
-            eps.extend(local_eps.iter());
-        }
-        for ep in eps {
-            rs.elements.entry(SET_ENDPOINT_HAIRPIN).or_default().insert(format!("{} . {}", ep.ip, ep.ip));
-            if let Some(timeout) = sp.affinity_timeout {
-                let set = affinity_set(sp, ep);
-                let r = vec![format!("update @{set} {{ ip saddr }}"), dnat(proto, ep)];
-                rs.sets.insert(set, timeout);
-                rs.chains.insert(endpoint_chain(sp, ep), r);
-            }
+        for (set, elems) in part.elements {
+            rs.elements.entry(set).or_default().extend(elems);
         }
     }
     rs
 }
 
-fn lb_rules(sp: &ServicePort, eps: &[Endpoint]) -> Vec<String> {
+/// One service port's share of the table: its chains and sets, and the map and set
+/// elements it needs.
+pub fn render_port(sp: &ServicePort, cfg: &Config) -> Ruleset {
+    let mut rs = Ruleset::default();
+    let proto = sp.protocol.lower();
+    let svc = service_chain(sp);
+    let local = local_chain(sp);
+    let ext = external_chain(sp);
+    let uses_cluster_chain = !sp.internal_policy_local || (sp.has_external() && !sp.external_policy_local);
+    let uses_local_chain = sp.internal_policy_local || (sp.has_external() && sp.external_policy_local);
+    let cluster_eps = usable(&sp.all_endpoints, |_| true);
+    let local_eps = usable(&sp.all_endpoints, |e| e.local);
+    let reject = |policy_local: bool| {
+        if policy_local && sp.has_any_endpoint {
+            "drop".to_string()
+        } else {
+            "goto reject-chain".to_string()
+        }
+    };
+
+    let cip_key = format!("{} . {proto} . {}", sp.cluster_ip, sp.port);
+    if !sp.cluster_endpoints.is_empty() {
+        let target = if sp.internal_policy_local { &local } else { &svc };
+        rs.maps.entry(MAP_SERVICE_IPS).or_default().insert(cip_key, format!("goto {target}"));
+    } else {
+        rs.maps.entry(MAP_NO_ENDPOINT_SERVICES).or_default().insert(cip_key, reject(sp.internal_policy_local));
+    }
+
+    if sp.has_external() {
+        let ext_keys: Vec<String> = sp
+            .external_ips
+            .iter()
+            .chain(&sp.load_balancer_ips)
+            .map(|ip| format!("{ip} . {proto} . {}", sp.port))
+            .collect();
+        let np_key = sp.node_port.map(|np| format!("{proto} . {np}"));
+        if !sp.external_endpoints.is_empty() {
+            for k in ext_keys {
+                rs.maps.entry(MAP_SERVICE_IPS).or_default().insert(k, format!("goto {ext}"));
+            }
+            if let Some(k) = np_key {
+                rs.maps.entry(MAP_SERVICE_NODEPORTS).or_default().insert(k, format!("goto {ext}"));
+            }
+            let mut r = Vec::new();
+            if sp.external_policy_local {
+                let cluster_target = if uses_cluster_chain { &svc } else { &local };
+                if let Some(cidr) = &cfg.cluster_cidr {
+                    r.push(Rule::Text(format!("ip saddr {cidr} goto {cluster_target}")));
+                }
+                r.push(Rule::Text("fib saddr type local jump mark-for-masquerade".to_string()));
+                r.push(Rule::Text(format!("fib saddr type local goto {cluster_target}")));
+                r.push(Rule::goto(&local));
+            } else {
+                r.push(Rule::jump("mark-for-masquerade"));
+                r.push(Rule::goto(&svc));
+            }
+            rs.chains.insert(ext, r);
+        } else {
+            let verdict = reject(sp.external_policy_local);
+            for k in ext_keys {
+                rs.maps.entry(MAP_NO_ENDPOINT_SERVICES).or_default().insert(k, verdict.clone());
+            }
+            if let Some(k) = np_key {
+                rs.maps.entry(MAP_NO_ENDPOINT_NODEPORTS).or_default().insert(k, verdict.clone());
+            }
+        }
+    }
+
+    // Whatever the endpoints, as Kubernetes' nftables mode: the firewall runs before them.
+    if sp.uses_firewall() {
+        let fw = firewall_chain(sp);
+        let sources: Vec<String> = sp.firewall_sources().iter().map(ToString::to_string).collect();
+        rs.chains.insert(fw.clone(), vec![Rule::Text(format!("ip saddr != {{ {} }} drop", sources.join(", ")))]);
+        for ip in &sp.load_balancer_ips {
+            rs.maps
+                .entry(MAP_FIREWALL_IPS)
+                .or_default()
+                .insert(format!("{ip} . {proto} . {}", sp.port), format!("goto {fw}"));
+        }
+    }
+
+    if uses_cluster_chain && !cluster_eps.is_empty() {
+        let mut r = Vec::new();
+        let mark = |unless_from| Rule::MarkForMasquerade {
+            daddr: sp.cluster_ip,
+            protocol: sp.protocol,
+            dport: sp.port,
+            unless_from,
+        };
+        if cfg.masquerade_all {
+            r.push(mark(None));
+        } else if let Some(cidr) = &cfg.cluster_cidr {
+            r.push(match Cidr::parse(cidr) {
+                Some(c) => mark(Some(c)),
+                None => Rule::Text(format!(
+                    "ip daddr {} {proto} dport {} ip saddr != {cidr} jump mark-for-masquerade",
+                    sp.cluster_ip, sp.port
+                )),
+            });
+        }
+        r.extend(lb_rules(sp, &cluster_eps));
+        rs.chains.insert(svc.clone(), r);
+    }
+    if uses_local_chain && !local_eps.is_empty() {
+        rs.chains.insert(local.clone(), lb_rules(sp, &local_eps));
+    }
+    let mut eps: BTreeSet<&Endpoint> = BTreeSet::new();
+    if uses_cluster_chain {
+        eps.extend(cluster_eps.iter());
+    }
+    if uses_local_chain {
+        eps.extend(local_eps.iter());
+    }
+    for ep in eps {
+        rs.elements.entry(SET_ENDPOINT_HAIRPIN).or_default().insert(format!("{} . {}", ep.ip, ep.ip));
+        if let Some(timeout) = sp.affinity_timeout {
+            let set = affinity_set(sp, ep);
+            let r = vec![Rule::Text(format!("update @{set} {{ ip saddr }}")), dnat(sp.protocol, ep)];
+            rs.sets.insert(set, timeout);
+            rs.chains.insert(endpoint_chain(sp, ep), r);
+        }
+    }
+    rs
+}
+
+fn lb_rules(sp: &ServicePort, eps: &[Endpoint]) -> Vec<Rule> {
     let mut r = Vec::new();
     if sp.affinity_timeout.is_some() {
         // Each endpoint's chain records the client in its affinity set.
         for ep in eps {
-            r.push(format!("ip saddr @{} goto {}", affinity_set(sp, ep), endpoint_chain(sp, ep)));
+            r.push(Rule::Text(format!("ip saddr @{} goto {}", affinity_set(sp, ep), endpoint_chain(sp, ep))));
         }
-        r.extend(choice_rules(eps.iter().map(|ep| format!("goto {}", endpoint_chain(sp, ep)))));
+        r.extend(choice_rules(eps.iter().map(|ep| Rule::goto(&endpoint_chain(sp, ep)))));
     } else {
-        r.extend(choice_rules(eps.iter().map(|ep| dnat(sp.protocol.lower(), ep))));
+        r.extend(choice_rules(eps.iter().map(|ep| dnat(sp.protocol, ep))));
     }
     r
 }
 
-fn dnat(proto: &str, ep: &Endpoint) -> String {
-    format!("meta l4proto {proto} dnat to {}", ep.addr())
+fn dnat(protocol: Protocol, ep: &Endpoint) -> Rule {
+    Rule::Dnat { one_in: None, protocol, ip: ep.ip, port: ep.port }
 }
 
 /// The uniform choice among `actions` (a `goto` or a `dnat`): rule `i` of `n` takes its
@@ -318,91 +419,295 @@ fn dnat(proto: &str, ep: &Endpoint) -> String {
 /// maps, 87 s with `dnat … map` data maps, 2.1 s with this cascade); and `nft` reads every
 /// chain of the table before each transaction, so 50,000 endpoint chains made every later
 /// change slow.
-fn choice_rules(actions: impl ExactSizeIterator<Item = String>) -> Vec<String> {
+fn choice_rules(actions: impl ExactSizeIterator<Item = Rule>) -> Vec<Rule> {
     let n = actions.len();
-    actions
-        .enumerate()
-        .map(|(i, action)| if i + 1 == n { action } else { format!("numgen random mod {} 0 {action}", n - i) })
-        .collect()
+    actions.enumerate().map(|(i, action)| if i + 1 == n { action } else { action.one_in((n - i) as u32) }).collect()
 }
 
-/// The `nft -f` transaction from `applied` (None: unknown, e.g. at start) to `desired`.
-/// `None` when nothing changed.
-pub fn script(applied: Option<&Ruleset>, desired: &Ruleset, cfg: &Config) -> Option<String> {
-    let t = format!("ip {TABLE}");
-    let mut out = String::new();
-    let empty = Ruleset::default();
-    let old = match applied {
-        Some(a) => a,
-        None => {
-            // Replace whatever is there in one transaction.
-            let _ = writeln!(out, "add table {t}\ndelete table {t}");
+/// One change to the table, in the order a [`Transaction`] applies them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// An affinity set (`ip saddr` with a timeout).
+    AddSet {
+        name: String,
+        timeout: u32,
+    },
+    AddChain(String),
+    /// Remove every rule of a chain.
+    FlushChain(String),
+    AddRule {
+        chain: String,
+        rule: Rule,
+    },
+    /// An element of a map (with its verdict) or of a set (`verdict: None`).
+    AddElement {
+        set: &'static str,
+        key: String,
+        verdict: Option<String>,
+    },
+    DeleteElement {
+        set: &'static str,
+        key: String,
+    },
+    DeleteChain(String),
+    DeleteSet(String),
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = format!("ip {TABLE}");
+        match self {
+            Op::AddSet { name, timeout } => {
+                write!(f, "add set {t} {name} {{ type ipv4_addr ; flags dynamic,timeout ; timeout {timeout}s ; }}")
+            }
+            Op::AddChain(c) => write!(f, "add chain {t} {c}"),
+            Op::FlushChain(c) => write!(f, "flush chain {t} {c}"),
+            Op::AddRule { chain, rule } => write!(f, "add rule {t} {chain} {rule}"),
+            Op::AddElement { set, key, verdict: Some(v) } => write!(f, "add element {t} {set} {{ {key} : {v} }}"),
+            Op::AddElement { set, key, verdict: None } => write!(f, "add element {t} {set} {{ {key} }}"),
+            Op::DeleteElement { set, key } => write!(f, "delete element {t} {set} {{ {key} }}"),
+            Op::DeleteChain(c) => write!(f, "delete chain {t} {c}"),
+            Op::DeleteSet(s) => write!(f, "delete set {t} {s}"),
+        }
+    }
+}
+
+/// What one sync writes: the whole table (`full`: replacing whatever is there, the base
+/// chains and maps included), or only changes to the programmed one.
+#[derive(Clone, Debug, Default)]
+pub struct Transaction {
+    pub full: bool,
+    pub ops: Vec<Op>,
+}
+
+impl Transaction {
+    /// The transaction as an `nft -f` script.
+    pub fn script(&self, cfg: &Config) -> String {
+        let mut out = String::new();
+        if self.full {
+            let _ = writeln!(out, "add table ip {TABLE}\ndelete table ip {TABLE}");
             out.push_str(&base_script(cfg));
-            &empty
         }
-    };
-    // New sets and chains first, so rules and map elements can reference them.
-    for (set, timeout) in &desired.sets {
-        // (A changed timeout keeps the old set: sets cannot be redefined in place.)
-        if !old.sets.contains_key(set) {
-            let _ =
-                writeln!(out, "add set {t} {set} {{ type ipv4_addr ; flags dynamic,timeout ; timeout {timeout}s ; }}");
+        for op in &self.ops {
+            let _ = writeln!(out, "{op}");
         }
+        out
     }
-    for chain in desired.chains.keys() {
-        if !old.chains.contains_key(chain) {
-            let _ = writeln!(out, "add chain {t} {chain}");
-        }
+}
+
+/// A service port's identity in the table.
+type PortId = ServicePortName;
+
+/// One service port as programmed.
+struct Programmed {
+    port: ServicePort,
+    part: Ruleset,
+    /// The last sync that saw it.
+    seen: u64,
+}
+
+/// Where in a transaction an operation goes: new sets and chains before the rules and map
+/// elements that reference them; map elements removed before the chains they point to.
+#[derive(Default)]
+struct Phases {
+    add_sets: Vec<Op>,
+    add_chains: Vec<Op>,
+    rules: Vec<Op>,
+    flush_stale: Vec<Op>,
+    delete_chains: Vec<Op>,
+    delete_sets: Vec<Op>,
+}
+
+/// The table as programmed, kept per service port, so that a sync renders and compares
+/// only the service ports whose inputs changed and writes only what changed in the kernel.
+/// Map keys and set elements that several ports want (two services with one external IP;
+/// one endpoint behind two services) are counted, so one port leaving does not remove what
+/// another still needs.
+#[derive(Default)]
+pub struct Table {
+    /// False until the first sync, which writes the whole table.
+    written: bool,
+    ports: HashMap<PortId, Programmed>,
+    /// Counts syncs, to find the ports a sync no longer has.
+    generation: u64,
+    /// (map, key) → the ports that want it, with their verdicts; the first one's is programmed.
+    map_keys: HashMap<(&'static str, String), Vec<(PortId, String)>>,
+    /// (set, element) → how many ports want it.
+    elements: HashMap<(&'static str, String), usize>,
+    /// Rules in all chains.
+    chain_rules: usize,
+}
+
+impl Table {
+    /// Programmed rules, map elements and set elements.
+    pub fn rule_count(&self) -> usize {
+        self.chain_rules + self.map_keys.len() + self.elements.len()
     }
-    for (chain, rules) in &desired.chains {
-        match old.chains.get(chain) {
-            Some(r) if r == rules => {}
-            existing => {
-                if existing.is_some() {
-                    let _ = writeln!(out, "flush chain {t} {chain}");
+
+    /// Bring the table to `ports`: the changes to write, or None when nothing changed. The
+    /// table assumes the transaction is applied; after a failure, start again from
+    /// `Table::default()` (a full sync).
+    pub fn sync(&mut self, ports: &[ServicePort], cfg: &Config) -> Option<Transaction> {
+        let full = !self.written;
+        self.written = true;
+        self.generation += 1;
+        let generation = self.generation;
+        let mut phases = Phases::default();
+        // The programmed value of each map key and set element touched, before this sync.
+        let mut touched_keys: BTreeMap<(&'static str, String), Option<String>> = BTreeMap::new();
+        let mut touched_elements: BTreeMap<(&'static str, String), bool> = BTreeMap::new();
+        let mut seen = 0;
+        for sp in ports {
+            match self.ports.get_mut(&sp.name) {
+                Some(p) if p.seen == generation => {} // the same service port twice: the first one counts
+                Some(p) if p.port == *sp => {
+                    p.seen = generation;
+                    seen += 1;
                 }
-                for rule in rules {
-                    let _ = writeln!(out, "add rule {t} {chain} {rule}");
+                Some(_) => {
+                    let part = render_port(sp, cfg);
+                    let Some(p) = self.ports.remove(&sp.name) else { continue };
+                    self.change(&sp.name, &p.part, &part, &mut phases, &mut touched_keys, &mut touched_elements);
+                    self.ports.insert(sp.name.clone(), Programmed { port: sp.clone(), part, seen: generation });
+                    seen += 1;
+                }
+                None => {
+                    let part = render_port(sp, cfg);
+                    let empty = Ruleset::default();
+                    self.change(&sp.name, &empty, &part, &mut phases, &mut touched_keys, &mut touched_elements);
+                    self.ports.insert(sp.name.clone(), Programmed { port: sp.clone(), part, seen: generation });
+                    seen += 1;
                 }
             }
         }
-    }
-    for (map, elems) in &desired.maps {
-        let old_elems = old.maps.get(map);
-        for (k, v) in old_elems.into_iter().flatten() {
-            if elems.get(k) != Some(v) {
-                let _ = writeln!(out, "delete element {t} {map} {{ {k} }}");
+        if seen < self.ports.len() {
+            let gone: Vec<PortId> =
+                self.ports.iter().filter(|(_, p)| p.seen != generation).map(|(id, _)| id.clone()).collect();
+            for id in gone {
+                if let Some(p) = self.ports.remove(&id) {
+                    let empty = Ruleset::default();
+                    self.change(&id, &p.part, &empty, &mut phases, &mut touched_keys, &mut touched_elements);
+                }
             }
         }
-        for (k, v) in elems {
-            if old_elems.and_then(|o| o.get(k)) != Some(v) {
-                let _ = writeln!(out, "add element {t} {map} {{ {k} : {v} }}");
+
+        // Map elements: removed (or changed) before added; then the fixed sets' elements.
+        let mut delete_elements = Vec::new();
+        let mut add_elements = Vec::new();
+        for ((set, key), before) in touched_keys {
+            let now = self.map_keys.get(&(set, key.clone())).and_then(|o| o.first()).map(|(_, v)| v.clone());
+            if before == now {
+                continue;
+            }
+            if before.is_some() {
+                delete_elements.push(Op::DeleteElement { set, key: key.clone() });
+            }
+            if now.is_some() {
+                add_elements.push(Op::AddElement { set, key, verdict: now });
+            }
+        }
+        let mut set_elements = Vec::new();
+        for ((set, key), before) in touched_elements {
+            let now = self.elements.contains_key(&(set, key.clone()));
+            match (before, now) {
+                (true, false) => set_elements.push(Op::DeleteElement { set, key }),
+                (false, true) => set_elements.push(Op::AddElement { set, key, verdict: None }),
+                _ => {}
+            }
+        }
+        set_elements.sort_by_key(|op| !matches!(op, Op::DeleteElement { .. }));
+
+        let Phases { add_sets, add_chains, rules, flush_stale, delete_chains, delete_sets } = phases;
+        let ops: Vec<Op> = [add_sets, add_chains, rules, delete_elements, add_elements, set_elements]
+            .into_iter()
+            .chain([flush_stale, delete_chains, delete_sets])
+            .flatten()
+            .collect();
+        (full || !ops.is_empty()).then_some(Transaction { full, ops })
+    }
+
+    /// Record that port `id`'s share goes from `before` to `after`.
+    fn change(
+        &mut self,
+        id: &PortId,
+        before: &Ruleset,
+        after: &Ruleset,
+        phases: &mut Phases,
+        touched_keys: &mut BTreeMap<(&'static str, String), Option<String>>,
+        touched_elements: &mut BTreeMap<(&'static str, String), bool>,
+    ) {
+        for (set, timeout) in &after.sets {
+            // (A changed timeout keeps the old set: sets cannot be redefined in place.)
+            if !before.sets.contains_key(set) {
+                phases.add_sets.push(Op::AddSet { name: set.clone(), timeout: *timeout });
+            }
+        }
+        for set in before.sets.keys().filter(|s| !after.sets.contains_key(*s)) {
+            phases.delete_sets.push(Op::DeleteSet(set.clone()));
+        }
+        for (chain, rules) in &after.chains {
+            match before.chains.get(chain) {
+                Some(r) if r == rules => continue,
+                Some(r) => {
+                    self.chain_rules -= r.len();
+                    phases.rules.push(Op::FlushChain(chain.clone()));
+                }
+                None => phases.add_chains.push(Op::AddChain(chain.clone())),
+            }
+            self.chain_rules += rules.len();
+            phases.rules.extend(rules.iter().map(|rule| Op::AddRule { chain: chain.clone(), rule: rule.clone() }));
+        }
+        for (chain, rules) in &before.chains {
+            if !after.chains.contains_key(chain) {
+                self.chain_rules -= rules.len();
+                // Flushed first: stale chains may reference each other.
+                phases.flush_stale.push(Op::FlushChain(chain.clone()));
+                phases.delete_chains.push(Op::DeleteChain(chain.clone()));
+            }
+        }
+
+        let empty = BTreeMap::new();
+        let maps = before.maps.keys().chain(after.maps.keys()).copied().collect::<BTreeSet<_>>();
+        for map in maps {
+            let (old, new) = (before.maps.get(map).unwrap_or(&empty), after.maps.get(map).unwrap_or(&empty));
+            for (key, verdict) in old.iter().filter(|(k, v)| new.get(*k) != Some(*v)) {
+                let slot = (map, key.clone());
+                let owners = self.map_keys.entry(slot.clone()).or_default();
+                touched_keys.entry(slot.clone()).or_insert_with(|| owners.first().map(|(_, v)| v.clone()));
+                owners.retain(|(o, v)| !(o == id && v == verdict));
+                if owners.is_empty() {
+                    self.map_keys.remove(&slot);
+                }
+            }
+            for (key, verdict) in new.iter().filter(|(k, v)| old.get(*k) != Some(*v)) {
+                let slot = (map, key.clone());
+                let owners = self.map_keys.entry(slot.clone()).or_default();
+                touched_keys.entry(slot).or_insert_with(|| owners.first().map(|(_, v)| v.clone()));
+                owners.push((id.clone(), verdict.clone()));
+            }
+        }
+
+        let none = BTreeSet::new();
+        let sets = before.elements.keys().chain(after.elements.keys()).copied().collect::<BTreeSet<_>>();
+        for set in sets {
+            let (old, new) = (before.elements.get(set).unwrap_or(&none), after.elements.get(set).unwrap_or(&none));
+            for key in old.difference(new) {
+                let slot = (set, key.clone());
+                touched_elements.entry(slot.clone()).or_insert_with(|| self.elements.contains_key(&slot));
+                if let Some(n) = self.elements.get_mut(&slot) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.elements.remove(&slot);
+                    }
+                }
+            }
+            for key in new.difference(old) {
+                let slot = (set, key.clone());
+                touched_elements.entry(slot.clone()).or_insert_with(|| self.elements.contains_key(&slot));
+                *self.elements.entry(slot).or_default() += 1;
             }
         }
     }
-    for (set, elems) in &desired.elements {
-        let old_elems = old.elements.get(set);
-        for k in old_elems.into_iter().flatten().filter(|k| !elems.contains(*k)) {
-            let _ = writeln!(out, "delete element {t} {set} {{ {k} }}");
-        }
-        for k in elems.iter().filter(|k| !old_elems.is_some_and(|o| o.contains(*k))) {
-            let _ = writeln!(out, "add element {t} {set} {{ {k} }}");
-        }
-    }
-    // Then what vanished: flush all stale chains before deleting any (they may reference each other).
-    let stale: Vec<&String> = old.chains.keys().filter(|c| !desired.chains.contains_key(*c)).collect();
-    for chain in &stale {
-        let _ = writeln!(out, "flush chain {t} {chain}");
-    }
-    for chain in &stale {
-        let _ = writeln!(out, "delete chain {t} {chain}");
-    }
-    for set in old.sets.keys() {
-        if !desired.sets.contains_key(set) {
-            let _ = writeln!(out, "delete set {t} {set}");
-        }
-    }
-    (!out.is_empty()).then_some(out)
 }
 
 /// The transaction that removes the table (`--cleanup`); harmless when it is absent.
@@ -423,6 +728,18 @@ mod tests {
     fn cfg() -> Config {
         Config { cluster_cidr: Some("10.244.0.0/16".into()), ..Default::default() }
     }
+    fn text(rules: &[Rule]) -> Vec<String> {
+        rules.iter().map(ToString::to_string).collect()
+    }
+    /// The `nft -f` script that brings a table programmed with `applied` (None: nothing
+    /// programmed yet) to `desired`; None when nothing changes.
+    fn script(applied: Option<&[ServicePort]>, desired: &[ServicePort]) -> Option<String> {
+        let mut table = Table::default();
+        if let Some(a) = applied {
+            table.sync(a, &cfg());
+        }
+        table.sync(desired, &cfg()).map(|tx| tx.script(&cfg()))
+    }
 
     #[test]
     fn cluster_ip_goes_through_the_service_ips_map_to_a_numgen_cascade() {
@@ -435,10 +752,10 @@ mod tests {
         let svc = service_chain(&ports[0]);
         assert!(svc.starts_with("service-") && svc.ends_with("-default/web/tcp/http"), "{svc}");
         assert_eq!(rs.maps[MAP_SERVICE_IPS]["10.96.0.10 . tcp . 80"], format!("goto {svc}"));
-        let rules = &rs.chains[&svc];
+        let rules = text(&rs.chains[&svc]);
         assert_eq!(
             rules,
-            &[
+            [
                 "ip daddr 10.96.0.10 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade",
                 "numgen random mod 2 0 meta l4proto tcp dnat to 10.244.1.1:8080",
                 "meta l4proto tcp dnat to 10.244.1.2:8080",
@@ -450,26 +767,23 @@ mod tests {
             rs.elements[SET_ENDPOINT_HAIRPIN].iter().collect::<Vec<_>>(),
             ["10.244.1.1 . 10.244.1.1", "10.244.1.2 . 10.244.1.2"]
         );
-        let full = script(None, &rs, &cfg()).unwrap();
+        let full = script(None, &ports).unwrap();
         assert!(full.contains("add element ip kube-proxy endpoint-hairpin { 10.244.1.1 . 10.244.1.1 }"), "{full}");
         assert!(base_script(&cfg()).contains("ct status dnat ip saddr . ip daddr @endpoint-hairpin masquerade"));
         // An endpoint that goes leaves the set, the other stays.
-        let fewer = render(
-            &service_ports(
-                &[simple_service("web", "10.96.0.10", 80)],
-                &[simple_slice("web", &["10.244.1.1"], 8080)],
-                &node(),
-            ),
-            &cfg(),
+        let fewer = service_ports(
+            &[simple_service("web", "10.96.0.10", 80)],
+            &[simple_slice("web", &["10.244.1.1"], 8080)],
+            &node(),
         );
-        let inc = script(Some(&rs), &fewer, &cfg()).unwrap();
+        let inc = script(Some(&ports), &fewer).unwrap();
         assert!(inc.contains("delete element ip kube-proxy endpoint-hairpin { 10.244.1.2 . 10.244.1.2 }"), "{inc}");
         assert!(!inc.contains("10.244.1.1 . 10.244.1.1"), "{inc}");
     }
 
     #[test]
     fn the_cascade_chooses_each_endpoint_with_equal_probability() {
-        let rules = choice_rules(["goto a", "goto b", "goto c", "goto d"].iter().map(|c| c.to_string()));
+        let rules = text(&choice_rules(["a", "b", "c", "d"].iter().map(|c| Rule::goto(c))));
         assert_eq!(
             rules,
             ["numgen random mod 4 0 goto a", "numgen random mod 3 0 goto b", "numgen random mod 2 0 goto c", "goto d"]
@@ -482,7 +796,7 @@ mod tests {
             assert!((reach * take - 1.0 / n as f64).abs() < 1e-12, "rule {i}");
             reach *= 1.0 - take;
         }
-        assert_eq!(choice_rules(std::iter::once("goto only".to_string())), ["goto only"]);
+        assert_eq!(text(&choice_rules(std::iter::once(Rule::goto("only")))), ["goto only"]);
     }
 
     #[test]
@@ -499,7 +813,7 @@ mod tests {
         let ext = external_chain(&ports[0]);
         assert_eq!(rs.maps[MAP_SERVICE_NODEPORTS]["tcp . 30080"], format!("goto {ext}"));
         assert_eq!(
-            rs.chains[&ext],
+            text(&rs.chains[&ext]),
             ["jump mark-for-masquerade".to_string(), format!("goto {}", service_chain(&ports[0]))]
         );
         assert!(rs.maps[MAP_NO_ENDPOINT_NODEPORTS].is_empty());
@@ -514,29 +828,26 @@ mod tests {
         assert_eq!(rs.sets.len(), 1);
         assert_eq!(*rs.sets.values().next().unwrap(), 10800);
         let svc = &rs.chains[&service_chain(&ports[0])];
-        assert!(svc[1].starts_with("ip saddr @affinity-"));
-        let full = script(None, &rs, &cfg()).unwrap();
+        assert!(svc[1].to_string().starts_with("ip saddr @affinity-"));
+        let full = script(None, &ports).unwrap();
         assert!(full.contains("flags dynamic,timeout ; timeout 10800s"));
     }
 
     #[test]
     fn first_script_replaces_the_table_then_updates_are_incremental() {
         let svcs = [simple_service("a", "10.96.0.1", 80), simple_service("b", "10.96.0.2", 80)];
-        let one = render(
-            &service_ports(
-                &svcs,
-                &[simple_slice("a", &["10.0.0.1"], 80), simple_slice("b", &["10.0.0.2"], 80)],
-                &node(),
-            ),
-            &cfg(),
+        let one = service_ports(
+            &svcs,
+            &[simple_slice("a", &["10.0.0.1"], 80), simple_slice("b", &["10.0.0.2"], 80)],
+            &node(),
         );
-        let full = script(None, &one, &cfg()).unwrap();
+        let full = script(None, &one).unwrap();
         assert!(full.starts_with("add table ip kube-proxy\ndelete table ip kube-proxy\ntable ip kube-proxy {"));
-        assert!(script(Some(&one), &one, &cfg()).is_none());
+        assert!(script(Some(&one), &one).is_none());
 
         // b loses its endpoint: its map element moves to no-endpoint-services, its chains go.
-        let two = render(&service_ports(&svcs, &[simple_slice("a", &["10.0.0.1"], 80)], &node()), &cfg());
-        let inc = script(Some(&one), &two, &cfg()).unwrap();
+        let two = service_ports(&svcs, &[simple_slice("a", &["10.0.0.1"], 80)], &node());
+        let inc = script(Some(&one), &two).unwrap();
         assert!(!inc.contains("table ip kube-proxy {"));
         assert!(inc.contains("delete element ip kube-proxy service-ips { 10.96.0.2 . tcp . 80 }"));
         assert!(
@@ -581,20 +892,19 @@ mod tests {
         assert!(fw.starts_with("firewall-") && fw.ends_with("-default/lb/tcp/http"), "{fw}");
         assert_eq!(rs.maps[MAP_FIREWALL_IPS].len(), 1, "only load balancer IPs, not external IPs");
         assert_eq!(rs.maps[MAP_FIREWALL_IPS]["198.51.100.7 . tcp . 80"], format!("goto {fw}"));
-        assert_eq!(rs.chains[&fw], ["ip saddr != { 203.0.113.0/24, 192.168.0.0/16, 198.51.100.7/32 } drop"]);
+        assert_eq!(text(&rs.chains[&fw]), ["ip saddr != { 203.0.113.0/24, 192.168.0.0/16, 198.51.100.7/32 } drop"]);
         // The LB IP is still served through the external chain once past the firewall.
         assert_eq!(rs.maps[MAP_SERVICE_IPS]["198.51.100.7 . tcp . 80"], format!("goto {}", external_chain(&ports[0])));
 
         // The node outside the ranges: only the ranges; and the firewall stays without endpoints.
         let rs = render(&service_ports(std::slice::from_ref(&s), &[], &NodeInfo::named("node-a")), &cfg());
-        assert_eq!(rs.chains[&fw], ["ip saddr != { 203.0.113.0/24, 192.168.0.0/16 } drop"]);
+        assert_eq!(text(&rs.chains[&fw]), ["ip saddr != { 203.0.113.0/24, 192.168.0.0/16 } drop"]);
 
         // Removing the ranges removes the chain and the map element.
         let mut open = s;
         open.spec.as_mut().unwrap().load_balancer_source_ranges = None;
-        let before = render(&ports, &cfg());
-        let after = render(&service_ports(&[open], &[simple_slice("lb", &["10.244.1.1"], 80)], &node), &cfg());
-        let inc = script(Some(&before), &after, &cfg()).unwrap();
+        let after = service_ports(&[open], &[simple_slice("lb", &["10.244.1.1"], 80)], &node);
+        let inc = script(Some(&ports), &after).unwrap();
         assert!(inc.contains("delete element ip kube-proxy firewall-ips { 198.51.100.7 . tcp . 80 }"), "{inc}");
         assert!(inc.contains(&format!("delete chain ip kube-proxy {fw}")), "{inc}");
     }
@@ -608,5 +918,58 @@ mod tests {
         let output = &base[base.find("chain filter-output {").unwrap()..];
         assert!(output[..output.find('}').unwrap()].contains("ct state new jump firewall-check"));
         assert!(base.contains("ip daddr . meta l4proto . th dport vmap @firewall-ips"));
+    }
+
+    #[test]
+    fn a_sync_renders_only_changed_ports_and_keeps_what_another_port_still_needs() {
+        // a and b share an endpoint (one hairpin element); c and d share an external IP.
+        let ext = |name: &str, ip: &str| {
+            svc(json!({"metadata": {"name": name, "namespace": "default"},
+                "spec": {"clusterIP": ip, "externalIPs": ["192.0.2.9"], "ports": [{"name": "http", "port": 80}]}}))
+        };
+        let svcs = [
+            simple_service("a", "10.96.0.1", 80),
+            simple_service("b", "10.96.0.2", 80),
+            ext("c", "10.96.0.3"),
+            ext("d", "10.96.0.4"),
+        ];
+        let slices = [
+            simple_slice("a", &["10.0.0.1"], 80),
+            simple_slice("b", &["10.0.0.1"], 80),
+            simple_slice("c", &["10.0.0.3"], 80),
+            simple_slice("d", &["10.0.0.4"], 80),
+        ];
+        let all = service_ports(&svcs, &slices, &node());
+        let mut table = Table::default();
+        let full = table.sync(&all, &cfg()).unwrap();
+        assert!(full.full);
+        assert_eq!(table.rule_count(), render(&all, &cfg()).rule_count());
+        assert!(table.sync(&all, &cfg()).is_none(), "nothing changed");
+
+        // a and c go: the shared hairpin element and the external IP's key stay, now d's.
+        let fewer: Vec<ServicePort> =
+            all.iter().filter(|p| !["a", "c"].contains(&p.name.name.as_str())).cloned().collect();
+        let tx = table.sync(&fewer, &cfg()).unwrap();
+        assert!(!tx.full);
+        let script = tx.script(&cfg());
+        assert!(!script.contains("10.0.0.1 . 10.0.0.1"), "b still needs the hairpin element:\n{script}");
+        let d_ext = external_chain(&fewer.iter().find(|p| p.name.name == "d").unwrap().clone());
+        // (c came first, so its verdict was programmed.)
+        assert!(
+            script.contains(&format!(
+                "delete element ip kube-proxy service-ips {{ 192.0.2.9 . tcp . 80 }}\nadd element ip kube-proxy service-ips {{ 192.0.2.9 . tcp . 80 : goto {d_ext} }}"
+            )),
+            "the external IP goes to d's chain:\n{script}"
+        );
+        assert_eq!(table.rule_count(), render(&fewer, &cfg()).rule_count());
+        // Every op of an endpoint or Service change is one netlink encodes.
+        assert!(crate::nft_netlink::encode(&tx.ops).is_some(), "{script}");
+
+        // b goes too: now the element goes.
+        let only_d: Vec<ServicePort> = fewer.iter().filter(|p| p.name.name == "d").cloned().collect();
+        let script = table.sync(&only_d, &cfg()).unwrap().script(&cfg());
+        assert!(script.contains("delete element ip kube-proxy endpoint-hairpin { 10.0.0.1 . 10.0.0.1 }"), "{script}");
+        assert!(!script.contains("192.0.2.9"), "d keeps its external IP:\n{script}");
+        assert_eq!(table.rule_count(), render(&only_d, &cfg()).rule_count());
     }
 }

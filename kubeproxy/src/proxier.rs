@@ -1,7 +1,8 @@
 //! The sync loop: reflectors for Services and EndpointSlices feed a debounced loop that
 //! recomputes the service ports and hands them to the backend — at most once per
 //! `--iptables-min-sync-period`, at least once per `--iptables-sync-period`, like
-//! Kubernetes' `BoundedFrequencyRunner`. Each change is noted in the proxy's health as
+//! Kubernetes' `BoundedFrequencyRunner`; a Service's ports are computed again only when it
+//! or its EndpointSlices changed ([`PortCache`]). Each change is noted in the proxy's health as
 //! waiting and each successful sync as done; after a successful sync the Service health
 //! checks follow the new service ports.
 
@@ -20,7 +21,7 @@ use tokio::sync::Notify;
 
 use crate::backend::Backend;
 use crate::healthcheck::{self, ProxyHealth, ServiceHealthServer};
-use crate::model::{service_ports, NodeInfo};
+use crate::model::{NodeInfo, PortCache};
 
 /// A reflector-backed cache of one kind, notifying `notify` on every change.
 pub fn cache<K>(client: &Client, notify: Arc<Notify>) -> Store<K>
@@ -137,6 +138,8 @@ pub async fn run(
     tracing::info!(mode = backend.name(), node = %node.name, "caches synced; programming rules");
     let mut last_sync: Option<Instant> = None;
     let mut last_ports = Vec::new();
+    // Only Services whose object or slices changed are computed again.
+    let mut port_cache = PortCache::default();
     let mut conntrack_missing_logged = false;
     loop {
         // Bounded frequency: not more often than min_sync_period.
@@ -146,10 +149,10 @@ pub async fn run(
                 tokio::time::sleep(cfg.min_sync_period - since).await;
             }
         }
-        let svcs: Vec<Service> = services.state().iter().map(|s| (**s).clone()).collect();
-        let eps: Vec<EndpointSlice> = slices.state().iter().map(|s| (**s).clone()).collect();
+        let svcs = services.state();
+        let eps = slices.state();
         let start = Instant::now();
-        let ports = service_ports(&svcs, &eps, &node);
+        let ports = port_cache.ports(&svcs, &eps, &node);
         let result = tokio::task::block_in_place(|| backend.sync(&ports));
         let took = start.elapsed();
         last_sync = Some(Instant::now());

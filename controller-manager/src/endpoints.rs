@@ -6,10 +6,11 @@
 //! Endpoints object of the same name. Named `targetPort`s resolve against each pod's
 //! container ports. A pod event wakes the Services of its namespace at once.
 //!
-//! [`desired_slices`] and [`desired_endpoints`] are the decisions (pure).
+//! [`desired_slices`] and [`desired_endpoints`] are the decisions (pure). A slice written
+//! carries `endpoints.kubernetes.io/last-change-trigger-time` ([`crate::triggertime`]).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointSubset, Endpoints, ObjectReference, Pod, Service};
@@ -18,11 +19,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use crate::informer::{trigger, Informer};
 use crate::runner::{run_controller, Policy};
+use crate::triggertime::{self, TriggerTimes};
 use crate::util::*;
 use crate::Error;
 
@@ -249,6 +251,43 @@ struct Ctx {
     client: kube::Client,
     pods: Informer<Pod>,
     slices: Option<Informer<EndpointSlice>>,
+    /// The trigger time of each slice update (EndpointSlice controller only).
+    triggers: Mutex<TriggerTimes>,
+    /// The Services, to forget the trigger times of deleted ones.
+    services: Option<Store<Service>>,
+}
+
+/// This sync's trigger time for `svc` (see [`crate::triggertime`]); forgets deleted Services
+/// once they are half of what is remembered.
+fn trigger_time(ctx: &Ctx, svc: &Service, pods: &[Arc<Pod>]) -> Option<String> {
+    let candidates = endpoint_pods(svc, pods);
+    let mut triggers = ctx.triggers.lock().unwrap_or_else(|e| e.into_inner());
+    let t = triggers.compute(svc, candidates.iter().map(|c| c.0));
+    if let Some(store) = &ctx.services {
+        if triggers.len() > 2 * store.state().len() + 16 {
+            let live: std::collections::HashSet<(String, String)> = store
+                .state()
+                .iter()
+                .map(|s| {
+                    (s.metadata.namespace.clone().unwrap_or_default(), s.metadata.name.clone().unwrap_or_default())
+                })
+                .collect();
+            triggers.retain(|ns, name| live.contains(&(ns.to_string(), name.to_string())));
+        }
+    }
+    t.map(triggertime::format)
+}
+
+/// `slice` with the trigger-time annotation set to `t` (when there is one).
+fn with_trigger_time(mut slice: EndpointSlice, t: &Option<String>) -> EndpointSlice {
+    if let Some(t) = t {
+        slice
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(triggertime::ANNOTATION.into(), t.clone());
+    }
+    slice
 }
 
 fn same_slice(a: &EndpointSlice, b: &EndpointSlice) -> bool {
@@ -266,6 +305,7 @@ async fn reconcile_slices(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Er
     let Some(slices) = &ctx.slices else { return Ok(Action::await_change()) };
     let pods = ctx.pods.state();
     let desired = desired_slices(&svc, &pods);
+    let trigger = trigger_time(&ctx, &svc, &pods);
     let existing: Vec<Arc<EndpointSlice>> = slices
         .state()
         .into_iter()
@@ -289,9 +329,9 @@ async fn reconcile_slices(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Er
                 let mut next = (**have).clone();
                 next.endpoints = want.endpoints.clone();
                 next.ports = want.ports.clone();
-                api.replace(want_name, &PostParams::default(), &next).await?;
+                api.replace(want_name, &PostParams::default(), &with_trigger_time(next, &trigger)).await?;
             }
-            None => match api.create(&PostParams::default(), want).await {
+            None => match api.create(&PostParams::default(), &with_trigger_time(want.clone(), &trigger)).await {
                 Ok(_) => {}
                 // Created earlier and not in the cache yet: look again once it is.
                 Err(kube::Error::Api(e)) if e.code == 409 => lagging = true,
@@ -338,10 +378,17 @@ async fn reconcile_endpoints(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action,
 
 async fn run_with(client: kube::Client, pods: Informer<Pod>, slices: bool) {
     let slice_informer = slices.then(|| Informer::start(Api::<EndpointSlice>::all(client.clone())));
-    let ctx = Arc::new(Ctx { client: client.clone(), pods: pods.clone(), slices: slice_informer.clone() });
     let (tx, triggers) = trigger::<Service>();
-    let controller = Controller::new(Api::<Service>::all(client), watcher::Config::default()).reconcile_on(triggers);
+    let controller =
+        Controller::new(Api::<Service>::all(client.clone()), watcher::Config::default()).reconcile_on(triggers);
     let store = controller.store();
+    let ctx = Arc::new(Ctx {
+        client,
+        pods: pods.clone(),
+        slices: slice_informer.clone(),
+        triggers: Mutex::new(TriggerTimes::default()),
+        services: Some(store.clone()),
+    });
     pods.add_handler(move |p, _| {
         let ns = p.metadata.namespace.as_deref();
         for s in store.state() {

@@ -31,6 +31,7 @@ mod rootcacertpublisher;
 mod runner;
 mod serviceaccount;
 mod statefulset;
+mod triggertime;
 mod util;
 mod volume;
 

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 
@@ -29,7 +30,7 @@ pub struct SyncStats {
 pub trait Backend: Send {
     fn name(&self) -> &'static str;
     /// Make the kernel match `ports`.
-    fn sync(&mut self, ports: &[ServicePort]) -> anyhow::Result<SyncStats>;
+    fn sync(&mut self, ports: &[Arc<ServicePort>]) -> anyhow::Result<SyncStats>;
     /// Forget what was applied, so the next sync rewrites everything from the kernel's state.
     fn invalidate(&mut self);
 }
@@ -117,7 +118,7 @@ impl Backend for Iptables {
         "iptables"
     }
 
-    fn sync(&mut self, ports: &[ServicePort]) -> anyhow::Result<SyncStats> {
+    fn sync(&mut self, ports: &[Arc<ServicePort>]) -> anyhow::Result<SyncStats> {
         let desired = iptables::render(ports, &self.cfg);
         let first = self.applied.is_none();
         let applied = match self.applied.take() {
@@ -153,11 +154,13 @@ impl Backend for Iptables {
 pub struct Nftables {
     pub cfg: Config,
     table: nftables::Table,
+    /// Opened at the first change sent over netlink.
+    netlink: Option<nft_netlink::Connection>,
 }
 
 impl Nftables {
     pub fn new(cfg: Config) -> Self {
-        Nftables { cfg, table: nftables::Table::default() }
+        Nftables { cfg, table: nftables::Table::default(), netlink: None }
     }
 
     /// Remove the `kube-proxy` table (`--cleanup`).
@@ -172,7 +175,7 @@ impl Backend for Nftables {
         "nftables"
     }
 
-    fn sync(&mut self, ports: &[ServicePort]) -> anyhow::Result<SyncStats> {
+    fn sync(&mut self, ports: &[Arc<ServicePort>]) -> anyhow::Result<SyncStats> {
         let tx = self.table.sync(ports, &self.cfg);
         let mut stats = SyncStats { rules: self.table.rule_count(), ..Default::default() };
         let Some(tx) = tx else { return Ok(stats) };
@@ -181,7 +184,11 @@ impl Backend for Nftables {
         match (!tx.full).then(|| nft_netlink::encode(&tx.ops)).flatten() {
             Some(batch) => {
                 stats.bytes = batch.len();
-                nft_netlink::send(&batch).context("nftables netlink transaction")?;
+                let conn = match self.netlink.as_mut() {
+                    Some(c) => c,
+                    None => self.netlink.insert(nft_netlink::Connection::open()?),
+                };
+                conn.send(&batch).context("nftables netlink transaction")?;
             }
             None => {
                 let script = tx.script(&self.cfg);
@@ -195,6 +202,7 @@ impl Backend for Nftables {
 
     fn invalidate(&mut self) {
         self.table = nftables::Table::default();
+        self.netlink = None;
     }
 }
 
@@ -217,7 +225,7 @@ impl Backend for Ipvs {
         "ipvs"
     }
 
-    fn sync(&mut self, ports: &[ServicePort]) -> anyhow::Result<SyncStats> {
+    fn sync(&mut self, ports: &[Arc<ServicePort>]) -> anyhow::Result<SyncStats> {
         let desired = ipvs::desired(ports, &self.node_ips, &self.scheduler);
         let ops = ipvs::diff(&self.applied, &desired);
         let messages: Vec<Vec<u8>> =

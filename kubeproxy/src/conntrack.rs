@@ -3,6 +3,7 @@
 //! conntrack entry. Like Kubernetes, compute which entries to delete from the change of
 //! service ports ([`stale_entries`], pure) and delete them with the `conntrack` tool.
 
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
@@ -44,11 +45,11 @@ fn service_ips(p: &ServicePort) -> Vec<Ipv4Addr> {
 }
 
 /// The UDP conntrack entries that must go when the service ports change from `old` to `new`.
-pub fn stale_entries(old: &[ServicePort], new: &[ServicePort]) -> BTreeSet<Delete> {
+pub fn stale_entries<P: Borrow<ServicePort>>(old: &[P], new: &[P]) -> BTreeSet<Delete> {
     let mut out = BTreeSet::new();
     let key = |p: &ServicePort| (p.name.clone(), p.protocol);
-    for n in new.iter().filter(|p| p.protocol == Protocol::Udp) {
-        let o = old.iter().find(|o| key(o) == key(n));
+    for n in new.iter().map(Borrow::borrow).filter(|p| p.protocol == Protocol::Udp) {
+        let o = old.iter().map(Borrow::borrow).find(|o| key(o) == key(n));
         let old_eps: BTreeSet<Ipv4Addr> =
             o.map(|o| o.cluster_endpoints.iter().map(|e| e.ip).collect()).unwrap_or_default();
         let new_eps: BTreeSet<Ipv4Addr> = n.cluster_endpoints.iter().map(|e| e.ip).collect();
@@ -68,8 +69,8 @@ pub fn stale_entries(old: &[ServicePort], new: &[ServicePort]) -> BTreeSet<Delet
         }
     }
     // Removed UDP services: their endpoints' flows.
-    for o in old.iter().filter(|p| p.protocol == Protocol::Udp) {
-        if !new.iter().any(|n| key(n) == key(o)) {
+    for o in old.iter().map(Borrow::borrow).filter(|p: &&ServicePort| p.protocol == Protocol::Udp) {
+        if !new.iter().any(|n| key(n.borrow()) == key(o)) {
             for e in &o.cluster_endpoints {
                 for ip in service_ips(o) {
                     out.insert(Delete::Endpoint { service_ip: ip, endpoint: e.ip });

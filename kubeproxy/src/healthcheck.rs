@@ -45,10 +45,10 @@ pub struct ServiceHealth {
 }
 
 /// The Services that want a health check, from the proxy's service ports.
-pub fn services(ports: &[ServicePort]) -> BTreeMap<ServiceName, ServiceHealth> {
+pub fn services<P: std::borrow::Borrow<ServicePort>>(ports: &[P]) -> BTreeMap<ServiceName, ServiceHealth> {
     let mut endpoints: BTreeMap<ServiceName, std::collections::BTreeSet<String>> = BTreeMap::new();
     let mut out = BTreeMap::new();
-    for sp in ports {
+    for sp in ports.iter().map(std::borrow::Borrow::borrow) {
         let Some(port) = sp.health_check_node_port else { continue };
         let name = (sp.name.namespace.clone(), sp.name.name.clone());
         let local = endpoints.entry(name.clone()).or_default();

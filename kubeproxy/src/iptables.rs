@@ -93,7 +93,7 @@ fn q(s: &str) -> String {
 }
 
 /// The desired chains for `ports`.
-pub fn render(ports: &[ServicePort], cfg: &Config) -> Tables {
+pub fn render<P: std::borrow::Borrow<ServicePort>>(ports: &[P], cfg: &Config) -> Tables {
     let mut t = Tables::default();
     for c in [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_FIREWALL, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL] {
         t.filter.insert(c.to_string(), Vec::new());
@@ -141,7 +141,7 @@ pub fn render(ports: &[ServicePort], cfg: &Config) -> Tables {
         ),
     );
 
-    for sp in ports {
+    for sp in ports.iter().map(std::borrow::Borrow::borrow) {
         let spn = sp.name.to_string();
         let proto = sp.protocol.lower();
         let svc = svc_chain(&sp.name, sp.protocol);
@@ -721,7 +721,7 @@ mod tests {
     #[test]
     fn nodeport_addresses_restrict_the_nodeports_jump() {
         let c = Config { nodeport_addresses: vec!["192.168.1.10".parse().unwrap()], ..cfg() };
-        let t = render(&[], &c);
+        let t = render::<ServicePort>(&[], &c);
         assert_eq!(t.nat[KUBE_SERVICES].len(), 1);
         assert!(t.nat[KUBE_SERVICES][0].contains("-d 192.168.1.10/32 -j KUBE-NODEPORTS"));
     }

@@ -65,9 +65,9 @@ fn reals(eps: &[Endpoint]) -> BTreeSet<RealServer> {
 }
 
 /// The desired IPVS state. Node ports get a virtual server on each of `node_ips`.
-pub fn desired(ports: &[ServicePort], node_ips: &[Ipv4Addr], scheduler: &str) -> State {
+pub fn desired<P: std::borrow::Borrow<ServicePort>>(ports: &[P], node_ips: &[Ipv4Addr], scheduler: &str) -> State {
     let mut st = State::default();
-    for sp in ports {
+    for sp in ports.iter().map(std::borrow::Borrow::borrow) {
         let mut add = |addr: Ipv4Addr, port: u16, eps: &[Endpoint], bind: bool| {
             let key = VsKey { addr, port, protocol: sp.protocol };
             let vs = VirtualServer {

@@ -13,6 +13,7 @@ use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -250,28 +251,54 @@ pub fn service_ports(services: &[Service], slices: &[EndpointSlice], node: &Node
 /// [`service_ports`] kept between syncs: a Service's ports are computed again only when the
 /// Service or one of its EndpointSlices changed (by resourceVersion), as kube-proxy's change
 /// trackers do; an object without a resourceVersion counts as changed every time.
-#[derive(Default)]
+///
+/// It also collects the `endpoints.kubernetes.io/last-change-trigger-time` of each slice
+/// that changed (times after the cache was made, as kube-proxy's endpoints tracker), for
+/// `network_programming_duration_seconds`.
 pub struct PortCache {
     /// namespace → name → its ports.
     services: HashMap<String, HashMap<String, Cached>>,
     generation: u64,
+    started: jiff::Timestamp,
+    trigger_times: Vec<jiff::Timestamp>,
+}
+
+impl Default for PortCache {
+    fn default() -> Self {
+        PortCache::since(jiff::Timestamp::now())
+    }
 }
 
 struct Cached {
     /// The Service's resourceVersion, then its slices' names and resourceVersions.
     versions: Option<Vec<String>>,
-    ports: Vec<ServicePort>,
+    ports: Vec<Arc<ServicePort>>,
     seen: u64,
+    /// slice name → its trigger-time annotation.
+    triggers: HashMap<String, String>,
 }
 
+/// The annotation the EndpointSlice controller sets to when the change a slice carries happened.
+pub const LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
 impl PortCache {
+    /// A cache that collects trigger times after `started`.
+    pub fn since(started: jiff::Timestamp) -> PortCache {
+        PortCache { services: HashMap::new(), generation: 0, started, trigger_times: Vec::new() }
+    }
+
+    /// The trigger times of the changes computed since the last call.
+    pub fn take_trigger_times(&mut self) -> Vec<jiff::Timestamp> {
+        std::mem::take(&mut self.trigger_times)
+    }
+
     /// The same list as [`service_ports`] of the same objects.
     pub fn ports<S: Borrow<Service>, E: Borrow<EndpointSlice>>(
         &mut self,
         services: &[S],
         slices: &[E],
         node: &NodeInfo,
-    ) -> Vec<ServicePort> {
+    ) -> Vec<Arc<ServicePort>> {
         self.generation += 1;
         let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
         for s in slices {
@@ -293,17 +320,39 @@ impl PortCache {
             let metas = || std::iter::once(&svc.metadata).chain(svc_slices.iter().map(|s| &s.metadata));
             let versions = || metas().flat_map(|m| [m.name.as_deref(), m.resource_version.as_deref()]);
             let cached = self.services.get_mut(ns).and_then(|by_name| by_name.get_mut(name));
-            match cached {
-                Some(c) if c.versions.as_ref().is_some_and(|v| v.iter().map(|s| Some(s.as_str())).eq(versions())) => {
+            let n = 2 * (1 + svc_slices.len());
+            let unchanged = cached.as_ref().is_some_and(|c| {
+                c.versions.as_ref().is_some_and(|v| v.len() == n && v.iter().zip(versions()).all(|(a, b)| b == Some(a)))
+            });
+            match (cached, unchanged) {
+                (Some(c), true) => {
                     c.seen = self.generation;
                     out.extend(c.ports.iter().cloned());
                 }
-                _ => {
-                    let mut ports = Vec::new();
-                    service_ports_of(svc, &svc_slices, node, &mut ports);
+                (cached, _) => {
+                    let mut computed = Vec::new();
+                    service_ports_of(svc, &svc_slices, node, &mut computed);
+                    let ports: Vec<Arc<ServicePort>> = computed.into_iter().map(Arc::new).collect();
                     out.extend(ports.iter().cloned());
+                    let before = cached.map(|c| std::mem::take(&mut c.triggers)).unwrap_or_default();
+                    let mut triggers = HashMap::new();
+                    for sl in &svc_slices {
+                        let Some(t) = sl.metadata.annotations.as_ref().and_then(|a| a.get(LAST_CHANGE_TRIGGER_TIME))
+                        else {
+                            continue;
+                        };
+                        let name = sl.metadata.name.clone().unwrap_or_default();
+                        if before.get(&name) != Some(t) {
+                            if let Ok(at) = t.parse::<jiff::Timestamp>() {
+                                if at > self.started {
+                                    self.trigger_times.push(at);
+                                }
+                            }
+                        }
+                        triggers.insert(name, t.clone());
+                    }
                     let versions = versions().map(|v| v.map(String::from)).collect();
-                    let entry = Cached { versions, ports, seen: self.generation };
+                    let entry = Cached { versions, ports, seen: self.generation, triggers };
                     self.services.entry(ns.to_string()).or_default().insert(name.to_string(), entry);
                 }
             }
@@ -691,6 +740,7 @@ pub mod tests {
 
     #[test]
     fn the_port_cache_recomputes_only_what_changed_and_agrees_with_service_ports() {
+        let plain = |v: Vec<Arc<ServicePort>>| v.iter().map(|p| (**p).clone()).collect::<Vec<_>>();
         let with_rv = |mut s: Service, rv: &str| {
             s.metadata.resource_version = Some(rv.into());
             s
@@ -709,19 +759,44 @@ pub mod tests {
             slice_rv(simple_slice("b", &["10.0.0.2"], 80), "4"),
         ];
         let mut cache = PortCache::default();
-        assert_eq!(cache.ports(&svcs, &slices, &node), service_ports(&svcs, &slices, &node));
+        assert_eq!(plain(cache.ports(&svcs, &slices, &node)), service_ports(&svcs, &slices, &node));
         // A cached Service is not computed again: a changed object under an unchanged
         // resourceVersion shows the cached answer (which is how the cache is seen to work).
         let mut stale = slices.clone();
         stale[1] = slice_rv(simple_slice("b", &["10.0.0.9"], 80), "4");
-        assert_eq!(cache.ports(&svcs, &stale, &node), service_ports(&svcs, &slices, &node));
+        assert_eq!(plain(cache.ports(&svcs, &stale, &node)), service_ports(&svcs, &slices, &node));
         // A new resourceVersion is computed again; a Service gone is gone.
         let mut changed = slices.clone();
         changed[1] = slice_rv(simple_slice("b", &["10.0.0.9"], 80), "5");
-        assert_eq!(cache.ports(&svcs, &changed, &node), service_ports(&svcs, &changed, &node));
-        assert_eq!(cache.ports(&svcs[..1], &changed, &node), service_ports(&svcs[..1], &changed, &node));
+        assert_eq!(plain(cache.ports(&svcs, &changed, &node)), service_ports(&svcs, &changed, &node));
+        assert_eq!(plain(cache.ports(&svcs[..1], &changed, &node)), service_ports(&svcs[..1], &changed, &node));
         // Objects without resourceVersions are always computed again.
         let plain = vec![simple_service("a", "10.96.0.1", 8080)];
         assert_eq!(cache.ports(&plain, &changed, &node)[0].port, 8080);
+    }
+
+    #[test]
+    fn the_port_cache_collects_each_new_trigger_time_once() {
+        let node = NodeInfo::named("n");
+        let svc = |rv: &str| {
+            let mut s = simple_service("a", "10.96.0.1", 80);
+            s.metadata.resource_version = Some(rv.into());
+            s
+        };
+        let slice = |rv: &str, t: &str| {
+            let mut s = simple_slice("a", &["10.0.0.1"], 80);
+            s.metadata.resource_version = Some(rv.into());
+            s.metadata.annotations = Some([(LAST_CHANGE_TRIGGER_TIME.to_string(), t.to_string())].into());
+            s
+        };
+        let mut cache = PortCache::since("2026-01-01T00:00:00Z".parse().unwrap());
+        // A change from before the cache was made is not this proxy's programming latency.
+        cache.ports(&[svc("1")], &[slice("2", "2025-12-31T23:00:00Z")], &node);
+        assert!(cache.take_trigger_times().is_empty());
+        cache.ports(&[svc("1")], &[slice("3", "2026-01-01T00:00:01Z")], &node);
+        assert_eq!(cache.take_trigger_times(), ["2026-01-01T00:00:01Z".parse::<jiff::Timestamp>().unwrap()]);
+        // The Service changes, the slice's annotation does not: no new trigger time.
+        cache.ports(&[svc("4")], &[slice("3", "2026-01-01T00:00:01Z")], &node);
+        assert!(cache.take_trigger_times().is_empty());
     }
 }

@@ -11,7 +11,8 @@
 //! expressions `nft` itself generates for them (`nft --debug=netlink` shows them), so that
 //! `nft list table` prints them back in the same words. Constants are the kernel's
 //! (`include/uapi/linux/netfilter/nf_tables.h`, `nfnetlink.h`, `netlink.h`).
-//! [`send`] is the thin shell: one `sendmsg`, then one acknowledgement per message.
+//! [`Connection`] is the thin shell: one `sendmsg`, then one acknowledgement per message, on
+//! a socket kept open between syncs.
 
 use std::net::Ipv4Addr;
 
@@ -425,47 +426,78 @@ fn acked_messages(batch: &[u8]) -> usize {
     n
 }
 
-/// Send one batch from [`encode`] and wait for every message's acknowledgement; the first
-/// error the kernel reports (the whole transaction is then undone) fails the call, naming
-/// the message by its position.
-pub fn send(batch: &[u8]) -> anyhow::Result<()> {
-    let mut socket = netlink_sys::Socket::new(NETLINK_NETFILTER).context("netlink socket (NETLINK_NETFILTER)")?;
-    socket.bind_auto().context("binding the netlink socket")?;
-    // Acknowledgements without a copy of the request; at most a few seconds of waiting.
-    let _ = socket.set_cap_ack(true);
-    let _ = socket.set_ext_ack(true);
-    let _ = socket.set_rx_buf_sz(4 << 20);
-    set_receive_timeout(&socket, std::time::Duration::from_secs(5))?;
-    let kernel = netlink_sys::SocketAddr::new(0, 0);
-    let sent = socket.send_to(batch, &kernel, 0).context("sending the nftables transaction")?;
-    if sent != batch.len() {
-        bail!("sent {sent} of {} bytes of the nftables transaction", batch.len());
+/// A netlink socket to `nf_tables`, kept open between transactions: closing one makes the
+/// kernel wait for the previous transactions' cleanup (an RCU grace period, 10–16 ms here).
+pub struct Connection {
+    socket: netlink_sys::Socket,
+}
+
+impl Connection {
+    pub fn open() -> anyhow::Result<Connection> {
+        let mut socket = netlink_sys::Socket::new(NETLINK_NETFILTER).context("netlink socket (NETLINK_NETFILTER)")?;
+        socket.bind_auto().context("binding the netlink socket")?;
+        // Acknowledgements without a copy of the request; at most a few seconds of waiting.
+        let _ = socket.set_cap_ack(true);
+        let _ = socket.set_ext_ack(true);
+        let _ = socket.set_rx_buf_sz(4 << 20);
+        set_receive_timeout(&socket, std::time::Duration::from_secs(5))?;
+        Ok(Connection { socket })
     }
-    let mut expected = acked_messages(batch);
-    while expected > 0 {
-        let (reply, _) = socket.recv_from_full().context("waiting for the kernel's acknowledgements")?;
-        let mut at = 0;
-        while at + 16 <= reply.len() {
-            let len = u32::from_ne_bytes([reply[at], reply[at + 1], reply[at + 2], reply[at + 3]]) as usize;
-            let kind = u16::from_ne_bytes([reply[at + 4], reply[at + 5]]);
-            if kind == NLMSG_ERROR && at + 20 + 16 <= reply.len() {
-                let code = i32::from_ne_bytes([reply[at + 16], reply[at + 17], reply[at + 18], reply[at + 19]]);
-                let seq = u32::from_ne_bytes([reply[at + 28], reply[at + 29], reply[at + 30], reply[at + 31]]);
-                if code != 0 {
-                    bail!(
-                        "the kernel refused operation {seq} of the transaction: {}",
-                        std::io::Error::from_raw_os_error(-code)
-                    );
+
+    /// Send one batch from [`encode`] and wait for every message's acknowledgement; the
+    /// first error the kernel reports (the whole transaction is then undone) fails the call,
+    /// naming the message by its position.
+    pub fn send(&mut self, batch: &[u8]) -> anyhow::Result<()> {
+        let kernel = netlink_sys::SocketAddr::new(0, 0);
+        let sent = self.socket.send_to(batch, &kernel, 0).context("sending the nftables transaction")?;
+        if sent != batch.len() {
+            bail!("sent {sent} of {} bytes of the nftables transaction", batch.len());
+        }
+        let mut expected = acked_messages(batch);
+        let mut failure = None;
+        while expected > 0 {
+            let (reply, _) = self.socket.recv_from_full().context("waiting for the kernel's acknowledgements")?;
+            let mut at = 0;
+            while at + 16 <= reply.len() {
+                let len = u32::from_ne_bytes([reply[at], reply[at + 1], reply[at + 2], reply[at + 3]]) as usize;
+                let kind = u16::from_ne_bytes([reply[at + 4], reply[at + 5]]);
+                if kind == NLMSG_ERROR && at + 20 + 16 <= reply.len() {
+                    let code = i32::from_ne_bytes([reply[at + 16], reply[at + 17], reply[at + 18], reply[at + 19]]);
+                    let seq = u32::from_ne_bytes([reply[at + 28], reply[at + 29], reply[at + 30], reply[at + 31]]);
+                    if code != 0 && failure.is_none() {
+                        failure = Some((seq, std::io::Error::from_raw_os_error(-code)));
+                    }
+                    expected -= 1;
                 }
-                expected -= 1;
+                if len < 16 {
+                    break;
+                }
+                at += (len + 3) & !3;
             }
-            if len < 16 {
+            // After a refusal the kernel acknowledges what it processed; nothing more is owed.
+            if failure.is_some() && expected > 0 && !more_waiting(&self.socket) {
                 break;
             }
-            at += (len + 3) & !3;
+        }
+        match failure {
+            Some((seq, e)) => bail!("the kernel refused operation {seq} of the transaction: {e}"),
+            None => Ok(()),
         }
     }
-    Ok(())
+}
+
+/// Whether a reply is already queued on the socket.
+fn more_waiting(socket: &netlink_sys::Socket) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fds = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut fds, 1, 0) };
+    n > 0
+}
+
+/// [`Connection::send`] on a connection of its own.
+pub fn send(batch: &[u8]) -> anyhow::Result<()> {
+    Connection::open()?.send(batch)
 }
 
 fn set_receive_timeout(socket: &netlink_sys::Socket, t: std::time::Duration) -> anyhow::Result<()> {

@@ -19,9 +19,11 @@
 //! first sync (atomically replacing whatever a previous run left), then only the changed
 //! chains, map elements and sets.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::{self, Write as _};
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -243,7 +245,7 @@ pub fn base_script(cfg: &Config) -> String {
 }
 
 /// The desired chains, map elements and sets for `ports` (the union of their shares).
-pub fn render(ports: &[ServicePort], cfg: &Config) -> Ruleset {
+pub fn render<P: Borrow<ServicePort>>(ports: &[P], cfg: &Config) -> Ruleset {
     let mut rs = Ruleset::default();
     for m in
         [MAP_SERVICE_IPS, MAP_SERVICE_NODEPORTS, MAP_NO_ENDPOINT_SERVICES, MAP_NO_ENDPOINT_NODEPORTS, MAP_FIREWALL_IPS]
@@ -251,7 +253,7 @@ pub fn render(ports: &[ServicePort], cfg: &Config) -> Ruleset {
         rs.maps.insert(m, BTreeMap::new());
     }
     rs.elements.insert(SET_ENDPOINT_HAIRPIN, BTreeSet::new());
-    for sp in ports {
+    for sp in ports.iter().map(Borrow::borrow) {
         let part = render_port(sp, cfg);
         rs.chains.extend(part.chains);
         rs.sets.extend(part.sets);
@@ -500,7 +502,7 @@ type PortId = ServicePortName;
 
 /// One service port as programmed.
 struct Programmed {
-    port: ServicePort,
+    port: Arc<ServicePort>,
     part: Ruleset,
     /// The last sync that saw it.
     seen: u64,
@@ -547,7 +549,7 @@ impl Table {
     /// Bring the table to `ports`: the changes to write, or None when nothing changed. The
     /// table assumes the transaction is applied; after a failure, start again from
     /// `Table::default()` (a full sync).
-    pub fn sync(&mut self, ports: &[ServicePort], cfg: &Config) -> Option<Transaction> {
+    pub fn sync(&mut self, ports: &[Arc<ServicePort>], cfg: &Config) -> Option<Transaction> {
         let full = !self.written;
         self.written = true;
         self.generation += 1;
@@ -560,7 +562,8 @@ impl Table {
         for sp in ports {
             match self.ports.get_mut(&sp.name) {
                 Some(p) if p.seen == generation => {} // the same service port twice: the first one counts
-                Some(p) if p.port == *sp => {
+                // The same Arc (from the proxy's cache) is the same port; else compare.
+                Some(p) if Arc::ptr_eq(&p.port, sp) || p.port == *sp => {
                     p.seen = generation;
                     seen += 1;
                 }
@@ -568,14 +571,14 @@ impl Table {
                     let part = render_port(sp, cfg);
                     let Some(p) = self.ports.remove(&sp.name) else { continue };
                     self.change(&sp.name, &p.part, &part, &mut phases, &mut touched_keys, &mut touched_elements);
-                    self.ports.insert(sp.name.clone(), Programmed { port: sp.clone(), part, seen: generation });
+                    self.ports.insert(sp.name.clone(), Programmed { port: Arc::clone(sp), part, seen: generation });
                     seen += 1;
                 }
                 None => {
                     let part = render_port(sp, cfg);
                     let empty = Ruleset::default();
                     self.change(&sp.name, &empty, &part, &mut phases, &mut touched_keys, &mut touched_elements);
-                    self.ports.insert(sp.name.clone(), Programmed { port: sp.clone(), part, seen: generation });
+                    self.ports.insert(sp.name.clone(), Programmed { port: Arc::clone(sp), part, seen: generation });
                     seen += 1;
                 }
             }
@@ -736,9 +739,12 @@ mod tests {
     fn script(applied: Option<&[ServicePort]>, desired: &[ServicePort]) -> Option<String> {
         let mut table = Table::default();
         if let Some(a) = applied {
-            table.sync(a, &cfg());
+            table.sync(&arcs(a), &cfg());
         }
-        table.sync(desired, &cfg()).map(|tx| tx.script(&cfg()))
+        table.sync(&arcs(desired), &cfg()).map(|tx| tx.script(&cfg()))
+    }
+    fn arcs(ports: &[ServicePort]) -> Vec<Arc<ServicePort>> {
+        ports.iter().cloned().map(Arc::new).collect()
     }
 
     #[test]
@@ -941,15 +947,15 @@ mod tests {
         ];
         let all = service_ports(&svcs, &slices, &node());
         let mut table = Table::default();
-        let full = table.sync(&all, &cfg()).unwrap();
+        let full = table.sync(&arcs(&all), &cfg()).unwrap();
         assert!(full.full);
         assert_eq!(table.rule_count(), render(&all, &cfg()).rule_count());
-        assert!(table.sync(&all, &cfg()).is_none(), "nothing changed");
+        assert!(table.sync(&arcs(&all), &cfg()).is_none(), "nothing changed");
 
         // a and c go: the shared hairpin element and the external IP's key stay, now d's.
         let fewer: Vec<ServicePort> =
             all.iter().filter(|p| !["a", "c"].contains(&p.name.name.as_str())).cloned().collect();
-        let tx = table.sync(&fewer, &cfg()).unwrap();
+        let tx = table.sync(&arcs(&fewer), &cfg()).unwrap();
         assert!(!tx.full);
         let script = tx.script(&cfg());
         assert!(!script.contains("10.0.0.1 . 10.0.0.1"), "b still needs the hairpin element:\n{script}");
@@ -967,7 +973,7 @@ mod tests {
 
         // b goes too: now the element goes.
         let only_d: Vec<ServicePort> = fewer.iter().filter(|p| p.name.name == "d").cloned().collect();
-        let script = table.sync(&only_d, &cfg()).unwrap().script(&cfg());
+        let script = table.sync(&arcs(&only_d), &cfg()).unwrap().script(&cfg());
         assert!(script.contains("delete element ip kube-proxy endpoint-hairpin { 10.0.0.1 . 10.0.0.1 }"), "{script}");
         assert!(!script.contains("192.0.2.9"), "d keeps its external IP:\n{script}");
         assert_eq!(table.rule_count(), render(&only_d, &cfg()).rule_count());

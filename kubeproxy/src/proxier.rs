@@ -60,6 +60,8 @@ pub struct Metrics {
     pub last_queued: IntGauge,
     pub rules: IntGauge,
     pub sync_errors: IntCounter,
+    /// From the change a slice carries (its trigger-time annotation) to the rules carrying it.
+    pub network_programming: Histogram,
 }
 
 impl Metrics {
@@ -82,14 +84,34 @@ impl Metrics {
                 "Number of proxy rules (or map elements) programmed",
             )?,
             sync_errors: IntCounter::new("kubeproxy_sync_proxy_rules_errors_total", "Failed syncs")?,
+            network_programming: Histogram::with_opts(
+                HistogramOpts::new(
+                    "kubeproxy_network_programming_duration_seconds",
+                    "In Cluster Network Programming Latency in seconds",
+                )
+                .buckets(network_programming_buckets()),
+            )?,
         };
         registry.register(Box::new(m.sync_duration.clone()))?;
         registry.register(Box::new(m.last_sync.clone()))?;
         registry.register(Box::new(m.last_queued.clone()))?;
         registry.register(Box::new(m.rules.clone()))?;
         registry.register(Box::new(m.sync_errors.clone()))?;
+        registry.register(Box::new(m.network_programming.clone()))?;
         Ok(m)
     }
+}
+
+/// kube-proxy's buckets: 0, 0.25 s and 0.5 s, 1 s steps to 59 s, 5 s steps to 115 s, 30 s
+/// steps to 5 minutes.
+fn network_programming_buckets() -> Vec<f64> {
+    let linear = |start: f64, step: f64, n: usize| (0..n).map(move |i| start + step * i as f64);
+    std::iter::once(0.0)
+        .chain(linear(0.25, 0.25, 2))
+        .chain(linear(1.0, 1.0, 59))
+        .chain(linear(60.0, 5.0, 12))
+        .chain(linear(120.0, 30.0, 7))
+        .collect()
 }
 
 fn unix_now() -> i64 {
@@ -161,6 +183,10 @@ pub async fn run(
                 metrics.sync_duration.observe(took.as_secs_f64());
                 metrics.rules.set(stats.rules as i64);
                 metrics.last_sync.set(unix_now());
+                let now = jiff::Timestamp::now();
+                for t in port_cache.take_trigger_times() {
+                    metrics.network_programming.observe(now.duration_since(t).as_secs_f64().max(0.0));
+                }
                 if stats.wrote {
                     tracing::info!(services = svcs.len(), ports = ports.len(), rules = stats.rules, bytes = stats.bytes, elapsed = ?took, "synced proxy rules");
                 } else {

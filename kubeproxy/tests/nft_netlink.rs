@@ -100,7 +100,8 @@ fn scenario() {
         slice("b", &["10.128.1.1", "10.128.1.2"]),
         slice("c", &["10.128.2.1", "10.128.2.2"]),
     ];
-    let p0 = service_ports(&svcs0, &slices0, &node);
+    let arcs = |v: Vec<kubeproxy::model::ServicePort>| v.into_iter().map(std::sync::Arc::new).collect::<Vec<_>>();
+    let p0 = arcs(service_ports(&svcs0, &slices0, &node));
     // a: one endpoint replaced and one more; b: no endpoints left; e: gone; f: new, with an
     // endpoint a also has (a shared hairpin element).
     let mut svcs1: Vec<Service> = svcs0.iter().filter(|s| s.metadata.name.as_deref() != Some("e")).cloned().collect();
@@ -110,7 +111,7 @@ fn scenario() {
         slice("c", &["10.128.2.1", "10.128.2.2"]),
         slice("f", &["10.128.0.2", "10.128.3.1"]),
     ];
-    let p1 = service_ports(&svcs1, &slices1, &node);
+    let p1 = arcs(service_ports(&svcs1, &slices1, &node));
 
     let apply_script = |tx: &kubeproxy::nftables::Transaction| {
         backend::run_with_input("nft", &["-f", "-"], &tx.script(&cfg)).expect("nft -f");

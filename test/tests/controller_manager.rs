@@ -301,6 +301,30 @@ async fn endpointslices_and_endpoints_follow_pod_readiness() -> Result<()> {
     })
     .await
     .context("not-ready endpoint")?;
+    // The slice says when the change it carries happened: the pod's Ready transition
+    // (`endpoints.kubernetes.io/last-change-trigger-time`, what kube-proxy measures from).
+    let ready_at = pods
+        .get(&victim)
+        .await?
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
+        .and_then(|c| c.last_transition_time)
+        .context("Ready transition time")?
+        .0;
+    eventually(WAIT, || async {
+        let l = slices.list(&by_svc).await.map(|l| l.items).unwrap_or_default();
+        l.iter().any(|s| {
+            s.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("endpoints.kubernetes.io/last-change-trigger-time"))
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                == Some(ready_at)
+        })
+    })
+    .await
+    .context("the slice's trigger time is the pod's Ready transition")?;
     eventually(WAIT, || async {
         let Ok(e) = eps.get("web").await else { return false };
         let sub = e.subsets.unwrap_or_default();

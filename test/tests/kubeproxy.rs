@@ -200,7 +200,12 @@ async fn service_routing(mode: &str) -> Result<()> {
 
     // Remove pod2's endpoint: once the rules no longer mention it, no request reaches it.
     let before_removal = rules(&lab, mode);
-    put_slice(&client, slice_json("web-abc", "web", &pod_ips[..2], "http")).await?;
+    let mut fewer = slice_json("web-abc", "web", &pod_ips[..2], "http");
+    // As the EndpointSlice controller writes it: when the change happened.
+    let changed_at = k8s_openapi::jiff::Timestamp::now();
+    fewer["metadata"]["annotations"] =
+        json!({"endpoints.kubernetes.io/last-change-trigger-time": changed_at.to_string()});
+    put_slice(&client, fewer).await?;
     let gone = lab.pods[2].ip.clone();
     eventually(WAIT, || {
         let ok = !rules(&lab, mode).contains(&gone);
@@ -208,6 +213,13 @@ async fn service_routing(mode: &str) -> Result<()> {
     })
     .await
     .context("removed endpoint still in the rules")?;
+    // kube-proxy's network programming latency: from that time to rules carrying the change.
+    let programmed = lab.metric("kubeproxy_network_programming_duration_seconds_count").unwrap_or(0.0);
+    let took = lab.metric("kubeproxy_network_programming_duration_seconds_sum").unwrap_or(-1.0);
+    assert!(
+        programmed == 1.0 && (0.0..60.0).contains(&took),
+        "{mode}: network programming count {programmed}, sum {took}"
+    );
     // The change touched only web's rules: every entry that appeared or vanished is in one of
     // web's chains or names the removed endpoint; the other services' are as before.
     let lines = |s: &str| s.lines().map(str::to_string).collect::<BTreeSet<String>>();

@@ -8,6 +8,11 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long [`acquire`] waits for a lock that is held before calling its holder a second
+/// copy: longer than anyone merely checking the lock holds it, even on a loaded machine.
+pub const MOMENTARY_HOLD: Duration = Duration::from_secs(2);
 
 /// A held lock; dropping it (or exiting) releases it.
 #[derive(Debug)]
@@ -44,18 +49,27 @@ pub fn acquire(path: &Path, what: &str) -> Result<ProcessLock, LockError> {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
     let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
-            return Err(LockError::Held {
-                what: what.to_string(),
-                pid: pid.trim().to_string(),
-                path: path.to_path_buf(),
-            });
+    // A lock held only for a moment is someone checking whether it is held (`flock -n FILE
+    // true`, as scripts/cluster does to find a running supervisor), not a second copy: wait
+    // that out before refusing.
+    let deadline = Instant::now() + MOMENTARY_HOLD;
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                return Err(LockError::Held {
+                    what: what.to_string(),
+                    pid: pid.trim().to_string(),
+                    path: path.to_path_buf(),
+                });
+            }
+            Err(TryLockError::Error(e)) => return Err(io(e)),
         }
-        Err(TryLockError::Error(e)) => return Err(io(e)),
     }
     file.set_len(0).map_err(io)?;
     file.seek(SeekFrom::Start(0)).map_err(io)?;
@@ -92,6 +106,25 @@ mod tests {
         }
         drop(first);
         assert!(acquire(&path, "a test holder").is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_lock_held_only_for_a_moment_is_waited_for() {
+        // What `flock -n FILE true` does while a process starts: holds it briefly. The start
+        // must not take that for a running copy.
+        let dir = std::env::temp_dir().join(format!("minik8s-lock-test-momentary-{}", std::process::id()));
+        let path = dir.join("y.lock");
+        let peek = acquire(&path, "a checker").unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(peek);
+        });
+        let started = Instant::now();
+        let held = acquire(&path, "a test holder");
+        assert!(held.is_ok(), "{held:?}");
+        assert!(started.elapsed() >= Duration::from_millis(250), "it did wait");
+        release.join().unwrap();
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -6,7 +6,7 @@
 //! Endpoints object of the same name. Named `targetPort`s resolve against each pod's
 //! container ports. A pod event wakes the Services of its namespace at once.
 //!
-//! [`desired_slices`] and [`desired_endpoints`] are the decisions (pure). A slice written
+//! [`slices_of`] (over [`endpoint_pods`]) and [`desired_endpoints`] are the decisions (pure). A slice written
 //! carries `endpoints.kubernetes.io/last-change-trigger-time` ([`crate::triggertime`]).
 
 use std::collections::BTreeMap;
@@ -107,12 +107,18 @@ fn endpoint_hostname(svc: &Service, p: &Pod) -> Option<String> {
 }
 
 /// The EndpointSlices a Service should have (without names).
+/// (The reconcile computes the endpoint pods once, for the slices and their trigger time.)
+#[cfg(test)]
 pub fn desired_slices(svc: &Service, pods: &[Arc<Pod>]) -> Vec<EndpointSlice> {
+    slices_of(svc, endpoint_pods(svc, pods))
+}
+
+/// The EndpointSlices of `svc` whose endpoint pods are `eps` (from [`endpoint_pods`]).
+fn slices_of(svc: &Service, mut eps: Vec<Candidate>) -> Vec<EndpointSlice> {
     if svc.spec.as_ref().and_then(|s| s.selector.as_ref()).is_none_or(|s| s.is_empty()) {
         return Vec::new();
     }
     let mut groups: BTreeMap<Ports, Vec<Endpoint>> = BTreeMap::new();
-    let mut eps = endpoint_pods(svc, pods);
     eps.sort_by(|a, b| a.0.metadata.name.cmp(&b.0.metadata.name));
     for (p, ready, serving, terminating, ports) in eps {
         groups.entry(ports).or_default().push(Endpoint {
@@ -254,26 +260,21 @@ struct Ctx {
     /// The trigger time of each slice update (EndpointSlice controller only).
     triggers: Mutex<TriggerTimes>,
     /// The Services, to forget the trigger times of deleted ones.
-    services: Option<Store<Service>>,
+    services: Store<Service>,
 }
 
 /// This sync's trigger time for `svc` (see [`crate::triggertime`]); forgets deleted Services
 /// once they are half of what is remembered.
-fn trigger_time(ctx: &Ctx, svc: &Service, pods: &[Arc<Pod>]) -> Option<String> {
-    let candidates = endpoint_pods(svc, pods);
+fn trigger_time(ctx: &Ctx, svc: &Service, candidates: &[Candidate]) -> Option<String> {
     let mut triggers = ctx.triggers.lock().unwrap_or_else(|e| e.into_inner());
     let t = triggers.compute(svc, candidates.iter().map(|c| c.0));
-    if let Some(store) = &ctx.services {
-        if triggers.len() > 2 * store.state().len() + 16 {
-            let live: std::collections::HashSet<(String, String)> = store
-                .state()
-                .iter()
-                .map(|s| {
-                    (s.metadata.namespace.clone().unwrap_or_default(), s.metadata.name.clone().unwrap_or_default())
-                })
-                .collect();
-            triggers.retain(|ns, name| live.contains(&(ns.to_string(), name.to_string())));
-        }
+    let services = ctx.services.state();
+    if triggers.len() > 2 * services.len() + 16 {
+        let live: std::collections::HashSet<(String, String)> = services
+            .iter()
+            .map(|s| (s.metadata.namespace.clone().unwrap_or_default(), s.metadata.name.clone().unwrap_or_default()))
+            .collect();
+        triggers.retain(|ns, name| live.contains(&(ns.to_string(), name.to_string())));
     }
     t.map(triggertime::format)
 }
@@ -304,8 +305,9 @@ async fn reconcile_slices(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Er
     }
     let Some(slices) = &ctx.slices else { return Ok(Action::await_change()) };
     let pods = ctx.pods.state();
-    let desired = desired_slices(&svc, &pods);
-    let trigger = trigger_time(&ctx, &svc, &pods);
+    let candidates = endpoint_pods(&svc, &pods);
+    let trigger = trigger_time(&ctx, &svc, &candidates);
+    let desired = slices_of(&svc, candidates);
     let existing: Vec<Arc<EndpointSlice>> = slices
         .state()
         .into_iter()
@@ -387,7 +389,7 @@ async fn run_with(client: kube::Client, pods: Informer<Pod>, slices: bool) {
         pods: pods.clone(),
         slices: slice_informer.clone(),
         triggers: Mutex::new(TriggerTimes::default()),
-        services: Some(store.clone()),
+        services: store.clone(),
     });
     pods.add_handler(move |p, _| {
         let ns = p.metadata.namespace.as_deref();

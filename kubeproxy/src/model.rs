@@ -223,29 +223,33 @@ pub fn usable(endpoints: &[Endpoint], filter: impl Fn(&Endpoint) -> bool) -> Vec
 ///
 /// Skips headless (`clusterIP: None`) and `ExternalName` services and non-IPv4 addresses.
 pub fn service_ports(services: &[Service], slices: &[EndpointSlice], node: &NodeInfo) -> Vec<ServicePort> {
-    // (namespace, service) -> slices
-    let mut by_service: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
-    for s in slices {
-        if s.address_type != "IPv4" {
-            continue;
-        }
-        let Some(svc) = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
-            continue;
-        };
-        let ns = s.metadata.namespace.clone().unwrap_or_default();
-        by_service.entry((ns, svc.clone())).or_default().push(s);
-    }
+    let by_service = slices_by_service(slices);
     let mut out = Vec::new();
     let empty = Vec::new();
     for svc in services {
-        let key = (
-            svc.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
-            svc.metadata.name.clone().unwrap_or_default(),
-        );
+        let key = service_key(svc);
         service_ports_of(svc, by_service.get(&key).unwrap_or(&empty), node, &mut out);
     }
     out.sort_by(|a, b| (&a.name, a.protocol).cmp(&(&b.name, b.protocol)));
     out
+}
+
+/// The IPv4 EndpointSlices of each Service, by (namespace, service name).
+fn slices_by_service<E: Borrow<EndpointSlice>>(slices: &[E]) -> HashMap<(&str, &str), Vec<&EndpointSlice>> {
+    let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+    for s in slices.iter().map(Borrow::borrow) {
+        if s.address_type != "IPv4" {
+            continue;
+        }
+        let Some(svc) = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) else { continue };
+        by_service.entry((s.metadata.namespace.as_deref().unwrap_or(""), svc)).or_default().push(s);
+    }
+    by_service
+}
+
+/// A Service's (namespace, name), as its slices name it.
+fn service_key(svc: &Service) -> (&str, &str) {
+    (svc.metadata.namespace.as_deref().unwrap_or("default"), svc.metadata.name.as_deref().unwrap_or_default())
 }
 
 /// [`service_ports`] kept between syncs: a Service's ports are computed again only when the
@@ -300,20 +304,11 @@ impl PortCache {
         node: &NodeInfo,
     ) -> Vec<Arc<ServicePort>> {
         self.generation += 1;
-        let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
-        for s in slices {
-            let s = s.borrow();
-            if s.address_type != "IPv4" {
-                continue;
-            }
-            let Some(svc) = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) else { continue };
-            by_service.entry((s.metadata.namespace.as_deref().unwrap_or(""), svc)).or_default().push(s);
-        }
+        let mut by_service = slices_by_service(slices);
         let mut out = Vec::new();
         for svc in services {
             let svc = svc.borrow();
-            let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-            let name = svc.metadata.name.as_deref().unwrap_or_default();
+            let (ns, name) = service_key(svc);
             let mut svc_slices = by_service.remove(&(ns, name)).unwrap_or_default();
             svc_slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
             // (Compared before anything is copied: most Services did not change.)

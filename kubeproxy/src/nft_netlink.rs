@@ -408,13 +408,21 @@ fn element(
     });
 }
 
+/// A native-endian field of a netlink header (the caller checked the bounds).
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_ne_bytes([b[at], b[at + 1]])
+}
+
 /// The number of messages in a batch that expect an acknowledgement.
 fn acked_messages(batch: &[u8]) -> usize {
     let mut n = 0;
     let mut at = 0;
     while at + 16 <= batch.len() {
-        let len = u32::from_ne_bytes([batch[at], batch[at + 1], batch[at + 2], batch[at + 3]]) as usize;
-        let flags = u16::from_ne_bytes([batch[at + 6], batch[at + 7]]);
+        let len = u32_at(batch, at) as usize;
+        let flags = u16_at(batch, at + 6);
         if flags & NLM_F_ACK != 0 {
             n += 1;
         }
@@ -459,11 +467,11 @@ impl Connection {
             let (reply, _) = self.socket.recv_from_full().context("waiting for the kernel's acknowledgements")?;
             let mut at = 0;
             while at + 16 <= reply.len() {
-                let len = u32::from_ne_bytes([reply[at], reply[at + 1], reply[at + 2], reply[at + 3]]) as usize;
-                let kind = u16::from_ne_bytes([reply[at + 4], reply[at + 5]]);
-                if kind == NLMSG_ERROR && at + 20 + 16 <= reply.len() {
-                    let code = i32::from_ne_bytes([reply[at + 16], reply[at + 17], reply[at + 18], reply[at + 19]]);
-                    let seq = u32::from_ne_bytes([reply[at + 28], reply[at + 29], reply[at + 30], reply[at + 31]]);
+                let len = u32_at(&reply, at) as usize;
+                if u16_at(&reply, at + 4) == NLMSG_ERROR && at + 20 + 16 <= reply.len() {
+                    // struct nlmsgerr: the error code, then the request's header (its seq at +8).
+                    let code = u32_at(&reply, at + 16) as i32;
+                    let seq = u32_at(&reply, at + 28);
                     if code != 0 && failure.is_none() {
                         failure = Some((seq, std::io::Error::from_raw_os_error(-code)));
                     }

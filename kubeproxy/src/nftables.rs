@@ -512,6 +512,9 @@ struct Programmed {
 /// elements that reference them; map elements removed before the chains they point to.
 #[derive(Default)]
 struct Phases {
+    /// The programmed value of each map key and set element touched, before this sync.
+    touched_keys: BTreeMap<(&'static str, String), Option<String>>,
+    touched_elements: BTreeMap<(&'static str, String), bool>,
     add_sets: Vec<Op>,
     add_chains: Vec<Op>,
     rules: Vec<Op>,
@@ -555,33 +558,20 @@ impl Table {
         self.generation += 1;
         let generation = self.generation;
         let mut phases = Phases::default();
-        // The programmed value of each map key and set element touched, before this sync.
-        let mut touched_keys: BTreeMap<(&'static str, String), Option<String>> = BTreeMap::new();
-        let mut touched_elements: BTreeMap<(&'static str, String), bool> = BTreeMap::new();
         let mut seen = 0;
         for sp in ports {
             match self.ports.get_mut(&sp.name) {
-                Some(p) if p.seen == generation => {} // the same service port twice: the first one counts
+                Some(p) if p.seen == generation => continue, // the same service port twice: the first one counts
                 // The same Arc (from the proxy's cache) is the same port; else compare.
-                Some(p) if Arc::ptr_eq(&p.port, sp) || p.port == *sp => {
-                    p.seen = generation;
-                    seen += 1;
-                }
-                Some(_) => {
+                Some(p) if Arc::ptr_eq(&p.port, sp) || p.port == *sp => p.seen = generation,
+                _ => {
                     let part = render_port(sp, cfg);
-                    let Some(p) = self.ports.remove(&sp.name) else { continue };
-                    self.change(&sp.name, &p.part, &part, &mut phases, &mut touched_keys, &mut touched_elements);
+                    let before = self.ports.remove(&sp.name).map(|p| p.part).unwrap_or_default();
+                    self.change(&sp.name, &before, &part, &mut phases);
                     self.ports.insert(sp.name.clone(), Programmed { port: Arc::clone(sp), part, seen: generation });
-                    seen += 1;
-                }
-                None => {
-                    let part = render_port(sp, cfg);
-                    let empty = Ruleset::default();
-                    self.change(&sp.name, &empty, &part, &mut phases, &mut touched_keys, &mut touched_elements);
-                    self.ports.insert(sp.name.clone(), Programmed { port: Arc::clone(sp), part, seen: generation });
-                    seen += 1;
                 }
             }
+            seen += 1;
         }
         if seen < self.ports.len() {
             let gone: Vec<PortId> =
@@ -589,7 +579,7 @@ impl Table {
             for id in gone {
                 if let Some(p) = self.ports.remove(&id) {
                     let empty = Ruleset::default();
-                    self.change(&id, &p.part, &empty, &mut phases, &mut touched_keys, &mut touched_elements);
+                    self.change(&id, &p.part, &empty, &mut phases);
                 }
             }
         }
@@ -597,6 +587,16 @@ impl Table {
         // Map elements: removed (or changed) before added; then the fixed sets' elements.
         let mut delete_elements = Vec::new();
         let mut add_elements = Vec::new();
+        let Phases {
+            touched_keys,
+            touched_elements,
+            add_sets,
+            add_chains,
+            rules,
+            flush_stale,
+            delete_chains,
+            delete_sets,
+        } = phases;
         for ((set, key), before) in touched_keys {
             let now = self.map_keys.get(&(set, key.clone())).and_then(|o| o.first()).map(|(_, v)| v.clone());
             if before == now {
@@ -620,7 +620,6 @@ impl Table {
         }
         set_elements.sort_by_key(|op| !matches!(op, Op::DeleteElement { .. }));
 
-        let Phases { add_sets, add_chains, rules, flush_stale, delete_chains, delete_sets } = phases;
         let ops: Vec<Op> = [add_sets, add_chains, rules, delete_elements, add_elements, set_elements]
             .into_iter()
             .chain([flush_stale, delete_chains, delete_sets])
@@ -630,15 +629,7 @@ impl Table {
     }
 
     /// Record that port `id`'s share goes from `before` to `after`.
-    fn change(
-        &mut self,
-        id: &PortId,
-        before: &Ruleset,
-        after: &Ruleset,
-        phases: &mut Phases,
-        touched_keys: &mut BTreeMap<(&'static str, String), Option<String>>,
-        touched_elements: &mut BTreeMap<(&'static str, String), bool>,
-    ) {
+    fn change(&mut self, id: &PortId, before: &Ruleset, after: &Ruleset, phases: &mut Phases) {
         for (set, timeout) in &after.sets {
             // (A changed timeout keeps the old set: sets cannot be redefined in place.)
             if !before.sets.contains_key(set) {
@@ -676,7 +667,7 @@ impl Table {
             for (key, verdict) in old.iter().filter(|(k, v)| new.get(*k) != Some(*v)) {
                 let slot = (map, key.clone());
                 let owners = self.map_keys.entry(slot.clone()).or_default();
-                touched_keys.entry(slot.clone()).or_insert_with(|| owners.first().map(|(_, v)| v.clone()));
+                phases.touched_keys.entry(slot.clone()).or_insert_with(|| owners.first().map(|(_, v)| v.clone()));
                 owners.retain(|(o, v)| !(o == id && v == verdict));
                 if owners.is_empty() {
                     self.map_keys.remove(&slot);
@@ -685,7 +676,7 @@ impl Table {
             for (key, verdict) in new.iter().filter(|(k, v)| old.get(*k) != Some(*v)) {
                 let slot = (map, key.clone());
                 let owners = self.map_keys.entry(slot.clone()).or_default();
-                touched_keys.entry(slot).or_insert_with(|| owners.first().map(|(_, v)| v.clone()));
+                phases.touched_keys.entry(slot).or_insert_with(|| owners.first().map(|(_, v)| v.clone()));
                 owners.push((id.clone(), verdict.clone()));
             }
         }
@@ -696,7 +687,7 @@ impl Table {
             let (old, new) = (before.elements.get(set).unwrap_or(&none), after.elements.get(set).unwrap_or(&none));
             for key in old.difference(new) {
                 let slot = (set, key.clone());
-                touched_elements.entry(slot.clone()).or_insert_with(|| self.elements.contains_key(&slot));
+                phases.touched_elements.entry(slot.clone()).or_insert_with(|| self.elements.contains_key(&slot));
                 if let Some(n) = self.elements.get_mut(&slot) {
                     *n -= 1;
                     if *n == 0 {
@@ -706,7 +697,7 @@ impl Table {
             }
             for key in new.difference(old) {
                 let slot = (set, key.clone());
-                touched_elements.entry(slot.clone()).or_insert_with(|| self.elements.contains_key(&slot));
+                phases.touched_elements.entry(slot.clone()).or_insert_with(|| self.elements.contains_key(&slot));
                 *self.elements.entry(slot).or_default() += 1;
             }
         }

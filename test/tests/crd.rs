@@ -265,3 +265,101 @@ fn every_served_version_of_a_crd_reads_and_writes_the_same_objects() -> Result<(
     ensure!(out.stdout == "example.com/v1beta1 7", "{out:?}");
     Ok(())
 }
+
+const LIMITED_CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: pools.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: pools, singular: pool, kind: Pool}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            x-kubernetes-validations:
+            - rule: self.replicas <= self.maxReplicas
+              messageExpression: "'replicas (' + string(self.replicas) + ') above maxReplicas'"
+            - rule: self.maxReplicas >= oldSelf.maxReplicas
+              message: maxReplicas may not shrink
+            - rule: "!has(self.owner) || self.owner.startsWith('team-')"
+              fieldPath: .owner
+              reason: FieldValueForbidden
+            properties:
+              replicas: {type: integer, minimum: 1, maximum: 10}
+              maxReplicas: {type: integer}
+              owner: {type: string}
+              name: {type: string, minLength: 2, maxLength: 8, pattern: '^[a-z]+$'}
+              contact: {type: string, format: email}
+              zones: {type: array, maxItems: 2, x-kubernetes-list-type: set, items: {type: string}}
+"#;
+
+/// A CRD's schema limits (ranges, lengths, patterns, formats, item counts, set lists) and
+/// its CEL rules (`x-kubernetes-validations`: message, messageExpression, reason, fieldPath,
+/// a transition rule on `oldSelf`), seen as a kubectl user sees them: the apiserver's
+/// `Invalid` answer, worded as Kubernetes words it; a CRD whose rule does not compile is
+/// refused.
+#[test]
+fn custom_resources_meet_their_schema_limits_and_cel_rules() -> Result<()> {
+    for (v, bin) in official_kubectls(&["1.33"]) {
+        let server = ApiServer::start()?;
+        let apply = |name: &str, text: &str| -> Result<e2e::KubectlOutput> {
+            let p = server.data_dir.join(name);
+            std::fs::write(&p, text)?;
+            server.kubectl_bin(&bin, &["apply", "-f", &p.to_string_lossy()])
+        };
+        let broken = LIMITED_CRD.replace("self.replicas <= self.maxReplicas", "self.replicas <=");
+        let out = apply("broken.yaml", &broken)?;
+        ensure!(
+            !out.ok
+                && out.stderr.contains(
+                    "spec.versions[0].schema.openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule: Invalid value"
+                )
+                && out.stderr.contains("compilation failed"),
+            "kubectl {v}: a rule that does not compile: {out:?}"
+        );
+        ensure!(apply("crd.yaml", LIMITED_CRD)?.ok, "kubectl {v}: the CRD");
+        ensure!(server.kubectl_bin(&bin, &["wait", "--for=condition=established", "crd/pools.example.com"])?.ok);
+        let pool =
+            |spec: &str| format!("apiVersion: example.com/v1\nkind: Pool\nmetadata: {{name: p}}\nspec: {spec}\n");
+        let bad = "{replicas: 12, maxReplicas: 5, owner: ops, name: Pool1, contact: nobody, zones: [a, b, a]}";
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let out = loop {
+            let out = apply("bad.yaml", &pool(bad))?;
+            if !out.stderr.contains("the server could not find") || Instant::now() > deadline {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        ensure!(!out.ok, "kubectl {v}: an invalid Pool was accepted: {out:?}");
+        for want in [
+            "spec.replicas: Invalid value: 12: spec.replicas in body should be less than or equal to 10",
+            "spec.name: Invalid value: \"Pool1\": spec.name in body should match '^[a-z]+$'",
+            "spec.contact: Invalid value: \"nobody\": spec.contact in body must be of type email: \"nobody\"",
+            "spec.zones: Too many: 3: must have at most 2 items",
+            "spec.zones[2]: Duplicate value: \"a\"",
+            "spec: Invalid value: \"object\": replicas (12) above maxReplicas",
+            "spec.owner: Forbidden: failed rule: !has(self.owner) || self.owner.startsWith('team-')",
+        ] {
+            ensure!(out.stderr.contains(want), "kubectl {v}: missing {want:?} in {}", out.stderr);
+        }
+        ensure!(!out.stderr.contains("may not shrink"), "kubectl {v}: a transition rule ran on create: {}", out.stderr);
+        let out = apply("good.yaml", &pool("{replicas: 2, maxReplicas: 5, owner: team-a, name: pool, zones: [a]}"))?;
+        ensure!(out.ok, "kubectl {v}: a valid Pool: {out:?}");
+        let out = apply("shrunk.yaml", &pool("{replicas: 2, maxReplicas: 4, owner: team-a, name: pool, zones: [a]}"))?;
+        ensure!(
+            !out.ok && out.stderr.contains("spec: Invalid value: \"object\": maxReplicas may not shrink"),
+            "kubectl {v}: the transition rule: {out:?}"
+        );
+        let out = apply("grown.yaml", &pool("{replicas: 6, maxReplicas: 8, owner: team-a, name: pool, zones: [a]}"))?;
+        ensure!(out.ok, "kubectl {v}: growing: {out:?}");
+    }
+    Ok(())
+}

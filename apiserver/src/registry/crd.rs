@@ -1,10 +1,11 @@
 //! CustomResourceDefinitions (apiextensions.k8s.io/v1): the CRD kind's strategy, the
 //! resource definitions a CRD makes served, and the strategy of custom resources —
-//! openAPIV3Schema defaulting and validation (type, required, enum), status and scale
-//! subresources. Pure; [`crate::crds`] keeps the served set in step with storage.
+//! openAPIV3Schema defaulting and pruning (validation: [`super::crd_schema`]), status and
+//! scale subresources. Pure; [`crate::crds`] keeps the served set in step with storage.
 
 use serde_json::{json, Value};
 
+use super::crd_schema::{check_crd_schema, Validator};
 use super::{ScaleInfo, Strategy};
 use crate::error::FieldError;
 use crate::registry::{CustomInfo, ResourceDef, Sub};
@@ -114,6 +115,11 @@ impl Strategy for CrdStrategy {
                 "must have exactly one version marked as storage version",
             ));
         }
+        for (i, v) in versions.iter().enumerate() {
+            if let Some(schema) = v.pointer("/schema/openAPIV3Schema") {
+                check_crd_schema(schema, &format!("spec.versions[{i}].schema.openAPIV3Schema"), &mut errs);
+            }
+        }
         errs
     }
 }
@@ -121,6 +127,8 @@ impl Strategy for CrdStrategy {
 /// The strategy of one custom resource version.
 pub struct CustomStrategy {
     pub schema: Value,
+    /// The schema with its CEL rules compiled.
+    pub validator: Validator,
     pub scale: Option<(String, String, String)>,
 }
 
@@ -132,21 +140,13 @@ impl Strategy for CustomStrategy {
         apply_defaults(new, &self.schema);
     }
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
-        let mut errs = Vec::new();
-        let mut body = obj.clone();
-        if let Some(m) = body.as_object_mut() {
-            m.remove("metadata");
-            m.remove("apiVersion");
-            m.remove("kind");
-        }
-        let mut schema = self.schema.clone();
-        if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
-            props.remove("metadata");
-            props.remove("apiVersion");
-            props.remove("kind");
-        }
-        validate(&body, &schema, "", &mut errs);
-        errs
+        self.validator.validate(obj, None)
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        self.validator.validate(new, Some(old))
+    }
+    fn validate_status_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        self.validator.validate(new, Some(old))
     }
     fn scale_info(&self, obj: &Value) -> Option<ScaleInfo> {
         let (spec, status, selector) = self.scale.as_ref()?;
@@ -183,80 +183,6 @@ pub fn apply_defaults(v: &mut Value, schema: &Value) {
             if let Some(items) = schema.get("items") {
                 for child in a.iter_mut() {
                     apply_defaults(child, items);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-fn type_ok(v: &Value, ty: &str, schema: &Value) -> bool {
-    if schema.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true) {
-        return v.is_string() || v.is_i64() || v.is_u64();
-    }
-    match ty {
-        "object" => v.is_object(),
-        "array" => v.is_array(),
-        "string" => v.is_string(),
-        "integer" => v.is_i64() || v.is_u64(),
-        "number" => v.is_number(),
-        "boolean" => v.is_boolean(),
-        _ => true,
-    }
-}
-
-/// Structural-schema validation of the common keywords: type, required, enum, properties,
-/// items, additionalProperties.
-pub fn validate(v: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
-    let field = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
-    if v.is_null() && schema.get("nullable").and_then(Value::as_bool) == Some(true) {
-        return;
-    }
-    if let Some(ty) = schema.get("type").and_then(Value::as_str) {
-        if !type_ok(v, ty, schema) {
-            let got = match v {
-                Value::Null => "null",
-                Value::Bool(_) => "boolean",
-                Value::Number(n) if n.is_f64() => "number",
-                Value::Number(_) => "integer",
-                Value::String(_) => "string",
-                Value::Array(_) => "array",
-                Value::Object(_) => "object",
-            };
-            errs.push(FieldError {
-                reason: "FieldValueTypeInvalid",
-                field: path.to_string(),
-                message: format!("{path}: Invalid value: \"{got}\": {path} in body must be of type {ty}: \"{got}\""),
-            });
-            return;
-        }
-    }
-    if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
-        if !allowed.contains(v) {
-            let list: Vec<&str> = allowed.iter().filter_map(Value::as_str).collect();
-            errs.push(FieldError::not_supported(path, v, &list));
-        }
-    }
-    match v {
-        Value::Object(m) => {
-            for r in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
-                if !m.contains_key(r) {
-                    errs.push(FieldError::required(field(r), ""));
-                }
-            }
-            let props = schema.get("properties").and_then(Value::as_object);
-            for (k, x) in m {
-                if let Some(ps) = props.and_then(|p| p.get(k)) {
-                    validate(x, ps, &field(k), errs);
-                } else if let Some(ap) = schema.get("additionalProperties").filter(|a| a.is_object()) {
-                    validate(x, ap, &field(k), errs);
-                }
-            }
-        }
-        Value::Array(a) => {
-            if let Some(items) = schema.get("items") {
-                for (i, x) in a.iter().enumerate() {
-                    validate(x, items, &format!("{path}[{i}]"), errs);
                 }
             }
         }
@@ -409,7 +335,11 @@ pub fn resource_defs(crd: &Value) -> Vec<&'static ResourceDef> {
                 (g("name"), g("type"), g("jsonPath"), c.get("priority").and_then(Value::as_i64).unwrap_or(0))
             })
             .collect();
-        let strategy: &'static CustomStrategy = Box::leak(Box::new(CustomStrategy { schema: schema.clone(), scale }));
+        let strategy: &'static CustomStrategy = Box::leak(Box::new(CustomStrategy {
+            schema: schema.clone(),
+            validator: Validator::new(schema.clone()),
+            scale,
+        }));
         let version: &'static str = leak(version.to_string());
         let storage_version = storage_version.filter(|s| *s != version);
         let custom: &'static CustomInfo =

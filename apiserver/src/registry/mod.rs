@@ -10,6 +10,7 @@ use crate::validation::NameRule;
 
 pub mod apply;
 pub mod crd;
+pub mod crd_schema;
 pub mod csr;
 pub mod generic;
 pub mod kinds;

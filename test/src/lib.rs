@@ -495,6 +495,24 @@ pub fn cache_dir() -> PathBuf {
     cache.join("minik8s")
 }
 
+/// Whether `program args…` (run in `dir`) succeeds: how a client library's installation is
+/// probed. When it does not, the test is skipped with `missing` said, or under `CI=true` fails.
+fn client_library_found(program: &Path, args: &[&str], dir: Option<&Path>, missing: &str) -> bool {
+    let mut cmd = Command::new(program);
+    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::null());
+    if let Some(d) = dir {
+        cmd.current_dir(d);
+    }
+    if cmd.status().is_ok_and(|s| s.success()) {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{missing} is missing: run scripts/test, which installs it");
+    }
+    eprintln!("skipping: {missing} is missing (scripts/test installs it)");
+    false
+}
+
 /// A Python interpreter with the third-party client libraries the tests drive (the
 /// `kubernetes` client, the kopf operator framework; `test/requirements.txt`), from the
 /// virtual environment scripts/test makes (`MINIK8S_PYTHON` overrides). `None` when
@@ -502,20 +520,18 @@ pub fn cache_dir() -> PathBuf {
 pub fn python_clients() -> Option<PathBuf> {
     let path =
         std::env::var("MINIK8S_PYTHON").map(PathBuf::from).unwrap_or_else(|_| cache_dir().join("venv/bin/python"));
-    let ok = Command::new(&path)
-        .args(["-c", "import kopf, kubernetes"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        return Some(path);
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{} with kopf and kubernetes is missing: run scripts/test, which installs them", path.display());
-    }
-    eprintln!("skipping: {} with kopf and kubernetes is missing (scripts/test installs them)", path.display());
-    None
+    let missing = format!("{} with kopf and kubernetes", path.display());
+    client_library_found(&path, &["-c", "import kopf, kubernetes"], None, &missing).then_some(path)
+}
+
+/// The directory where scripts/test installed the JavaScript client the tests drive
+/// (`@kubernetes/client-node`, `test/clients/package.json`), with `node_modules` in it: a
+/// script copied there imports it. `None` when missing; under `CI=true` that is a failure.
+pub fn node_clients() -> Option<PathBuf> {
+    let dir = cache_dir().join("node-clients");
+    let missing = format!("node with @kubernetes/client-node in {}", dir.display());
+    let probe = ["-e", "import('@kubernetes/client-node')"];
+    client_library_found(Path::new("node"), &probe, Some(&dir), &missing).then_some(dir)
 }
 
 /// The test manifests (`test/manifests/`; `MINIK8S_MANIFESTS` overrides).

@@ -96,24 +96,25 @@ pub fn encode(proto: Protocol, channel: u8, data: &[u8]) -> Wire {
     }
 }
 
-/// Unframe a client message.
+/// Unframe a client message. The frame's type does not matter, as it does not to
+/// Kubernetes (its server reads every message as bytes): the Python client sends a `str`
+/// written to stdin as a text frame holding the raw channel byte, on binary protocols too.
 pub fn decode(proto: Protocol, msg: &Wire) -> Result<Incoming, String> {
-    let (channel, data): (u8, Vec<u8>) = match (proto.base64(), msg) {
-        (false, Wire::Binary(b)) => match b.split_first() {
-            None => return Ok(Incoming::Ignored),
-            Some((c, rest)) => (*c, rest.to_vec()),
-        },
-        (true, Wire::Text(t)) => {
-            let mut chars = t.chars();
-            let Some(c) = chars.next() else { return Ok(Incoming::Ignored) };
-            let channel = c.to_digit(10).ok_or_else(|| format!("invalid channel {c:?}"))? as u8;
-            let data = base64::engine::general_purpose::STANDARD
-                .decode(chars.as_str().trim())
-                .map_err(|e| format!("invalid base64 data on channel {channel}: {e}"))?;
-            (channel, data)
-        }
-        (false, Wire::Text(_)) => return Err("text message on a binary channel protocol".into()),
-        (true, Wire::Binary(_)) => return Err("binary message on a base64 channel protocol".into()),
+    let bytes = match msg {
+        Wire::Binary(b) => b.as_slice(),
+        Wire::Text(t) => t.as_bytes(),
+    };
+    let Some((&first, rest)) = bytes.split_first() else { return Ok(Incoming::Ignored) };
+    let (channel, data): (u8, Vec<u8>) = if proto.base64() {
+        let channel =
+            char::from(first).to_digit(10).ok_or_else(|| format!("invalid channel {:?}", char::from(first)))?;
+        let text = std::str::from_utf8(rest).map_err(|e| format!("invalid base64 data on channel {channel}: {e}"))?;
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|e| format!("invalid base64 data on channel {channel}: {e}"))?;
+        (channel as u8, data)
+    } else {
+        (first, rest.to_vec())
     };
     Ok(match channel {
         STDIN if data.is_empty() => Incoming::Ignored,
@@ -257,7 +258,16 @@ mod tests {
         assert_eq!(decode(Protocol::V4Base64, &Wire::Text("0eA==".into())).unwrap(), Incoming::Stdin(b"x".to_vec()));
         assert_eq!(decode(Protocol::V4, &Wire::Binary(vec![])).unwrap(), Incoming::Ignored);
         assert_eq!(decode(Protocol::V4, &Wire::Binary(vec![0])).unwrap(), Incoming::Ignored);
-        assert!(decode(Protocol::V4, &Wire::Text("0eA==".into())).is_err());
+        // A text frame on a binary protocol carries the raw channel byte (Python's client).
+        assert_eq!(decode(Protocol::V5, &Wire::Text("\0hi\n".into())).unwrap(), Incoming::Stdin(b"hi\n".to_vec()));
+        assert_eq!(
+            decode(Protocol::V4, &Wire::Text("\u{4}{\"Width\":80}".into())).unwrap(),
+            Incoming::Resize(TermSize { width: 80, height: 0 })
+        );
+        assert_eq!(
+            decode(Protocol::V4Base64, &Wire::Binary(b"0eA==".to_vec())).unwrap(),
+            Incoming::Stdin(b"x".to_vec())
+        );
         assert!(decode(Protocol::V4Base64, &Wire::Text("0!!!".into())).is_err());
     }
 

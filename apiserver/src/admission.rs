@@ -11,6 +11,9 @@
 //!   on the pod or else on the account, gets the projected `kube-api-access-<suffix>` volume
 //!   (a bound token, the cluster CA from the `kube-root-ca.crt` ConfigMap, its namespace)
 //!   mounted read-only at `/var/run/secrets/kubernetes.io/serviceaccount` in every container.
+//! - RuntimeClass: a pod naming a RuntimeClass that does not exist is refused; one that
+//!   exists gives the pod its `overhead` (a different one is refused), its node selector
+//!   (a conflicting key is refused) and its tolerations.
 
 use serde_json::{json, Value};
 
@@ -49,6 +52,66 @@ pub fn admit_claim(claim: &mut Value, default: Option<&str>) {
             spec.insert("storageClassName".into(), Value::String(d.to_string()));
         }
     }
+}
+
+/// The RuntimeClass a pod names (`spec.runtimeClassName`), if any.
+pub fn runtime_class_name(pod: &Value) -> Option<&str> {
+    pod.pointer("/spec/runtimeClassName").and_then(Value::as_str).filter(|n| !n.is_empty())
+}
+
+/// RuntimeClass admission of a new pod, given the class it names as read (None: it does not
+/// exist). Err is the reason, worded as Kubernetes words it, for a 403.
+pub fn admit_runtime_class(pod: &mut Value, class: Option<&Value>) -> Result<(), String> {
+    let overhead = pod.pointer("/spec/overhead").filter(|o| !o.is_null()).cloned();
+    let Some(name) = runtime_class_name(pod).map(str::to_string) else {
+        return match overhead {
+            Some(_) => Err("pod rejected: Pod Overhead set without corresponding RuntimeClass".into()),
+            None => Ok(()),
+        };
+    };
+    let Some(class) = class else { return Err(format!("pod rejected: RuntimeClass {name:?} not found")) };
+    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return Ok(()) };
+    if let Some(fixed) = class.pointer("/overhead/podFixed").filter(|o| !o.is_null()) {
+        match overhead {
+            Some(o) if &o != fixed => {
+                return Err("pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead".into())
+            }
+            _ => {
+                spec.insert("overhead".into(), fixed.clone());
+            }
+        }
+    }
+    if let Some(selector) = class.pointer("/scheduling/nodeSelector").and_then(Value::as_object) {
+        let pod_selector = spec.entry("nodeSelector").or_insert_with(|| json!({}));
+        if let Some(ps) = pod_selector.as_object_mut() {
+            for (k, v) in selector {
+                match ps.get(k) {
+                    Some(pv) if pv != v => {
+                        let show = |x: &Value| x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string());
+                        return Err(format!(
+                            "conflict: runtimeClass.scheduling.nodeSelector[{k}] = {}; pod.spec.nodeSelector[{k}] = {}",
+                            show(v),
+                            show(pv)
+                        ));
+                    }
+                    _ => {
+                        ps.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+    }
+    if let Some(tols) = class.pointer("/scheduling/tolerations").and_then(Value::as_array) {
+        let pod_tols = spec.entry("tolerations").or_insert_with(|| json!([]));
+        if let Some(list) = pod_tols.as_array_mut() {
+            for t in tols {
+                if !list.contains(t) {
+                    list.push(t.clone());
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where in-cluster clients look for the token, CA and namespace.
@@ -154,6 +217,30 @@ mod tests {
         let mut no_default = json!({"spec": {}});
         admit_claim(&mut no_default, None);
         assert!(no_default["spec"].get("storageClassName").is_none());
+    }
+
+    #[test]
+    fn a_runtime_class_gives_its_overhead_selector_and_tolerations() {
+        let class = json!({"handler": "runc", "overhead": {"podFixed": {"cpu": "250m"}},
+            "scheduling": {"nodeSelector": {"gpu": "yes"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]}});
+        let mut pod = json!({"spec": {"runtimeClassName": "fast", "nodeSelector": {"zone": "a"}, "containers": []}});
+        admit_runtime_class(&mut pod, Some(&class)).unwrap();
+        assert_eq!(pod["spec"]["overhead"], json!({"cpu": "250m"}));
+        assert_eq!(pod["spec"]["nodeSelector"], json!({"zone": "a", "gpu": "yes"}));
+        assert_eq!(pod["spec"]["tolerations"], json!([{"key": "gpu", "operator": "Exists"}]));
+        assert_eq!(
+            admit_runtime_class(&mut json!({"spec": {"runtimeClassName": "nope"}}), None),
+            Err("pod rejected: RuntimeClass \"nope\" not found".into())
+        );
+        let mut conflict = json!({"spec": {"runtimeClassName": "fast", "nodeSelector": {"gpu": "no"}}});
+        let err = admit_runtime_class(&mut conflict, Some(&class)).unwrap_err();
+        assert_eq!(err, "conflict: runtimeClass.scheduling.nodeSelector[gpu] = yes; pod.spec.nodeSelector[gpu] = no");
+        let mut other = json!({"spec": {"runtimeClassName": "fast", "overhead": {"cpu": "1"}}});
+        assert!(admit_runtime_class(&mut other, Some(&class)).unwrap_err().contains("doesn't match"));
+        let mut bare = json!({"spec": {"overhead": {"cpu": "1"}}});
+        assert!(admit_runtime_class(&mut bare, None).unwrap_err().contains("without corresponding RuntimeClass"));
+        let mut plain = json!({"spec": {}});
+        assert!(admit_runtime_class(&mut plain, None).is_ok() && plain == json!({"spec": {}}));
     }
 
     #[test]

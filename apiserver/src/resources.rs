@@ -376,6 +376,59 @@ pub static RESOURCES: &[ResourceDef] = &[
         &kinds::STORAGECLASS,
         k::storage::v1::StorageClass
     ),
+    res!(
+        "storage.k8s.io",
+        "v1",
+        "CSIDriver",
+        "csidrivers",
+        "csidriver",
+        NONE,
+        NONE,
+        false,
+        &[],
+        &kinds::CSIDRIVER,
+        k::storage::v1::CSIDriver
+    ),
+    res!(
+        "storage.k8s.io",
+        "v1",
+        "CSINode",
+        "csinodes",
+        "csinode",
+        NONE,
+        NONE,
+        false,
+        &[],
+        &kinds::CSINODE,
+        k::storage::v1::CSINode
+    ),
+    res!(
+        "storage.k8s.io",
+        "v1",
+        "VolumeAttachment",
+        "volumeattachments",
+        "volumeattachment",
+        NONE,
+        NONE,
+        false,
+        STATUS,
+        &kinds::VOLUMEATTACHMENT,
+        k::storage::v1::VolumeAttachment
+    ),
+    // node.k8s.io/v1
+    res!(
+        "node.k8s.io",
+        "v1",
+        "RuntimeClass",
+        "runtimeclasses",
+        "runtimeclass",
+        NONE,
+        NONE,
+        false,
+        &[],
+        &kinds::RUNTIMECLASS,
+        k::node::v1::RuntimeClass
+    ),
     // networking.k8s.io/v1
     res!(
         "networking.k8s.io",

@@ -537,6 +537,25 @@ async fn service_account(reg: &Registry, ns: &str, name: &str, pod: &str) -> Api
     ))
 }
 
+/// RuntimeClass admission of a new pod: the class it names read, the pure rule applied.
+async fn runtime_class_admission(reg: &Registry, pod: &mut Value) -> ApiResult<()> {
+    let class = match admission::runtime_class_name(pod) {
+        Some(name) => {
+            let res = resources::find("node.k8s.io", "v1", "runtimeclasses").ok_or_else(not_found_path)?;
+            match reg.get(res, "", name).await {
+                Ok(c) => Some(c),
+                Err(e) if e.code == 404 => None,
+                Err(e) => return Err(e),
+            }
+        }
+        None => None,
+    };
+    admission::admit_runtime_class(pod, class.as_ref()).map_err(|why| {
+        let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        ApiError::new(403, "Forbidden", format!("pods {name:?} is forbidden: {why}"))
+    })
+}
+
 /// The default StorageClass's name (DefaultStorageClass admission of a new claim).
 async fn default_storage_class(reg: &crate::registry::generic::Registry) -> ApiResult<Option<String>> {
     let Some(classes) = resources::find("storage.k8s.io", "v1", "storageclasses") else { return Ok(None) };
@@ -660,6 +679,9 @@ async fn resource_request(
                 let pod = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
                 let account = service_account(reg, &ns, &admission::service_account_name(&obj), &pod).await?;
                 admission::mount_service_account_token(&mut obj, &account, &apimachinery::names::random_suffix());
+            }
+            if res.group.is_empty() && res.plural == "pods" {
+                runtime_class_admission(reg, &mut obj).await?;
             }
             if res.group == "certificates.k8s.io" && res.plural == "certificatesigningrequests" {
                 crate::registry::csr::set_requester(&mut obj, user);

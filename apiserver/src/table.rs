@@ -784,6 +784,68 @@ fn kind_table(res: &ResourceDef) -> (Vec<Value>, CellsFn) {
                 ]
             },
         ),
+        ("storage.k8s.io", "csidrivers") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("AttachRequired", "boolean", 0),
+                ("PodInfoOnMount", "boolean", 0),
+                ("StorageCapacity", "boolean", 0),
+                ("TokenRequests", "string", 0),
+                ("RequiresRepublish", "boolean", 0),
+                ("Modes", "string", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                let flag = |p: &str, default: bool| json!(o.pointer(p).and_then(Value::as_bool).unwrap_or(default));
+                let list = |p: &str, f: &dyn Fn(&Value) -> String| {
+                    let v: Vec<String> = o.pointer(p).and_then(Value::as_array).into_iter().flatten().map(f).collect();
+                    v.join(",")
+                };
+                let tokens = list("/spec/tokenRequests", &|t| s(t.get("audience")));
+                let modes = list("/spec/volumeLifecycleModes", &|m| s(Some(m)));
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    flag("/spec/attachRequired", true),
+                    flag("/spec/podInfoOnMount", false),
+                    flag("/spec/storageCapacity", false),
+                    json!(if tokens.is_empty() { "<unset>".to_string() } else { tokens }),
+                    flag("/spec/requiresRepublish", false),
+                    json!(if modes.is_empty() { "<none>".to_string() } else { modes }),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("storage.k8s.io", "csinodes") => {
+            (cols(&[("Name", "string", 0), ("Drivers", "integer", 0), ("Age", "string", 0)]), |o| {
+                let n = o.pointer("/spec/drivers").and_then(Value::as_array).map_or(0, Vec::len);
+                vec![json!(s(o.pointer("/metadata/name"))), json!(n), json!(age(o))]
+            })
+        }
+        ("storage.k8s.io", "volumeattachments") => (
+            cols(&[
+                ("Name", "string", 0),
+                ("Attacher", "string", 0),
+                ("PV", "string", 0),
+                ("Node", "string", 0),
+                ("Attached", "boolean", 0),
+                ("Age", "string", 0),
+            ]),
+            |o| {
+                vec![
+                    json!(s(o.pointer("/metadata/name"))),
+                    json!(s(o.pointer("/spec/attacher"))),
+                    json!(s(o.pointer("/spec/source/persistentVolumeName"))),
+                    json!(s(o.pointer("/spec/nodeName"))),
+                    json!(o.pointer("/status/attached").and_then(Value::as_bool).unwrap_or(false)),
+                    json!(age(o)),
+                ]
+            },
+        ),
+        ("node.k8s.io", "runtimeclasses") => {
+            (cols(&[("Name", "string", 0), ("Handler", "string", 0), ("Age", "string", 0)]), |o| {
+                vec![json!(s(o.pointer("/metadata/name"))), json!(s(o.get("handler"))), json!(age(o))]
+            })
+        }
         ("networking.k8s.io", "ingresses") => (
             cols(&[
                 ("Name", "string", 0),

@@ -298,6 +298,8 @@ pub struct ContainerContext<'a> {
     /// Docker's `--pid`: `container:<id>` to share a target container's process namespace
     /// (an ephemeral container's `targetContainerName`).
     pub pid_mode: Option<String>,
+    /// Docker's `--runtime`: the handler of the pod's RuntimeClass.
+    pub runtime: Option<String>,
 }
 
 /// An ephemeral container as the container it runs as (the same fields, less the target).
@@ -365,6 +367,7 @@ pub fn container_body(pod: &Pod, c: &Container, cx: &ContainerContext) -> Result
         cap_drop: caps.drop.filter(|a| !a.is_empty()),
         readonly_rootfs: sc.read_only_root_filesystem,
         oom_score_adj: Some(if memory.is_some() { 900 } else { 1000 }.min(1000)),
+        runtime: cx.runtime.clone(),
         ..Default::default()
     };
     let expand_all =
@@ -624,6 +627,7 @@ mod tests {
             volume_paths: &paths,
             host_network: false,
             pid_mode: None,
+            runtime: None,
         };
         let b = container_body(&p, c, &cx).unwrap();
         assert_eq!(b.entrypoint, Some(vec!["sh".to_string(), "-c".to_string()]));
@@ -655,6 +659,7 @@ mod tests {
             volume_paths: &HashMap::new(),
             host_network: false,
             pid_mode: None,
+            runtime: None,
         };
         assert!(container_body(&p, c, &cx).is_err());
     }

@@ -18,6 +18,7 @@ use anyhow::{anyhow, Context, Result};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, PodStatus, Secret,
 };
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tokio::sync::mpsc;
@@ -288,6 +289,20 @@ struct PodContext {
     host_network: bool,
     /// The pod's /etc/hosts and /etc/resolv.conf (`host:container` binds, see `dns.rs`).
     dns_binds: Vec<String>,
+    /// The handler of the pod's RuntimeClass (Docker's `--runtime`), if it names one.
+    runtime: Option<String>,
+}
+
+/// The handler of the pod's RuntimeClass (`spec.runtimeClassName`), if it names one: the
+/// Docker runtime its sandbox and containers run with. A class that does not exist is an
+/// error, as it is for Kubernetes' kubelet (the pod waits, with an event saying why).
+async fn runtime_handler(k: &Kubelet, pod: &Pod) -> Result<Option<String>> {
+    let Some(name) = pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()) else { return Ok(None) };
+    let api: Api<RuntimeClass> = Api::all(k.client.clone());
+    match api.get_opt(name).await.with_context(|| format!("getting RuntimeClass {name:?}"))? {
+        Some(rc) => Ok(Some(rc.handler)),
+        None => Err(anyhow!("RuntimeClass {name:?} not found")),
+    }
 }
 
 async fn fetch_lookups(k: &Kubelet, pod: &Pod) -> Result<Lookups> {
@@ -509,7 +524,9 @@ async fn sync_containers(
     // The pod's /etc/hosts and /etc/resolv.conf, mounted into each of its containers.
     let dns_binds = crate::dns::write_files(pod, &pod_ip, &k.dns, &volumes::pod_dir(&k.root_dir, uid))
         .context("writing the pod's /etc/hosts and /etc/resolv.conf")?;
+    let runtime = runtime_handler(k, pod).await?;
     let cx = PodContext {
+        runtime,
         sandbox_id: sandbox.id.clone(),
         pod_ip: pod_ip.clone(),
         lookups,
@@ -661,6 +678,7 @@ async fn start_container(
         volume_paths: &cx.volume_paths,
         host_network: cx.host_network,
         pid_mode: start.pid_target.as_ref().map(|id| format!("container:{id}")),
+        runtime: cx.runtime.clone(),
     };
     let mut body = match podconfig::container_body(pod, c, &ccx) {
         Ok(b) => b,
@@ -733,6 +751,7 @@ async fn start_container(
 
 async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network: bool) -> Result<()> {
     let pr = podconfig::pod_ref(pod);
+    let runtime = runtime_handler(k, pod).await?;
     if k.rt.image_present(&k.pause_image).await?.is_none() {
         return Err(anyhow!("pause image {} is not present (build it with scripts/images)", k.pause_image));
     }
@@ -745,6 +764,9 @@ async fn create_sandbox(k: &Arc<Kubelet>, pod: &Pod, attempt: i32, host_network:
         (ip.to_string(), Some((ip, cidr)))
     };
     let mut body = podconfig::sandbox_body(pod, &k.node, &k.pause_image, &ip, host_network);
+    if let Some(h) = body.host_config.as_mut() {
+        h.runtime = runtime;
+    }
     if let Some(l) = body.labels.as_mut() {
         l.insert(labels::RESTART_COUNT.into(), attempt.to_string());
     }

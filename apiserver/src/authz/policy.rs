@@ -36,6 +36,7 @@ const DISCOVERY: &str = "discovery.k8s.io";
 const EVENTS: &str = "events.k8s.io";
 const EXTENSIONS: &str = "extensions";
 const NETWORKING: &str = "networking.k8s.io";
+const NODE: &str = "node.k8s.io";
 const POLICY: &str = "policy";
 const STORAGE: &str = "storage.k8s.io";
 const METRICS: &str = "metrics.k8s.io";
@@ -119,6 +120,11 @@ pub fn node_rules() -> Vec<PolicyRule> {
         rule(&["get", "create", "update", "patch", "delete"], &[COORDINATION], &["leases"]),
         rule(&["create"], &[CORE], &["serviceaccounts/token"]),
         rule(&["get", "update", "patch"], &[CORE], &["persistentvolumeclaims/status"]),
+        // The handler of a pod's RuntimeClass, and the CSI objects a node reads and keeps.
+        rule(READ, &[NODE], &["runtimeclasses"]),
+        rule(&["get"], &[STORAGE], &["volumeattachments"]),
+        rule(&["get", "create", "update", "patch", "delete"], &[STORAGE], &["csinodes"]),
+        rule(READ, &[STORAGE], &["csidrivers"]),
     ]
 }
 

@@ -37,6 +37,8 @@ pub static HPA: HpaStrategy = HpaStrategy;
 pub static ENDPOINTSLICE: EndpointSliceStrategy = EndpointSliceStrategy;
 pub static LEASE: Plain = Plain::DEFAULT;
 pub static STORAGECLASS: StorageClassStrategy = StorageClassStrategy;
+pub static RUNTIMECLASS: RuntimeClassStrategy = RuntimeClassStrategy;
+pub static CSIDRIVER: CsiDriverStrategy = CsiDriverStrategy;
 pub static INGRESS: IngressStrategy = IngressStrategy;
 pub static INGRESSCLASS: RequiredFields = RequiredFields {
     fields: &[("/spec/controller", "spec.controller")],
@@ -706,6 +708,87 @@ impl Strategy for StorageClassStrategy {
         false
     }
 }
+
+// ------------------------------------------------------------------------- RuntimeClass
+
+/// `node.k8s.io/v1` RuntimeClass: a handler name (a DNS label) the kubelet's runtime knows,
+/// fixed once created.
+pub struct RuntimeClassStrategy;
+
+impl Strategy for RuntimeClassStrategy {
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        match str_at(obj, "/handler").unwrap_or_default() {
+            "" => vec![FieldError::required("handler", "")],
+            h => crate::validation::dns1123_label_errors(h)
+                .map(|m| FieldError::invalid("handler", &json!(h), &m))
+                .into_iter()
+                .collect(),
+        }
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        immutable(new, old, &[("/handler", "handler")], &mut errs);
+        errs
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+}
+
+// ------------------------------------------------------------------------- CSIDriver
+
+/// `storage.k8s.io/v1` CSIDriver: the spec defaulted as Kubernetes defaults it; whether the
+/// driver attaches and its lifecycle modes are fixed once created.
+pub struct CsiDriverStrategy;
+
+impl Strategy for CsiDriverStrategy {
+    fn prepare_for_create(&self, obj: &mut Value) {
+        default_at(obj, "/spec", json!({}));
+        default_at(obj, "/spec/attachRequired", json!(true));
+        default_at(obj, "/spec/podInfoOnMount", json!(false));
+        default_at(obj, "/spec/storageCapacity", json!(false));
+        default_at(obj, "/spec/fsGroupPolicy", json!("ReadWriteOnceWithFSType"));
+        default_at(obj, "/spec/requiresRepublish", json!(false));
+        default_at(obj, "/spec/volumeLifecycleModes", json!(["Persistent"]));
+    }
+    fn validate(&self, obj: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let policies = ["File", "None", "ReadWriteOnceWithFSType"];
+        if let Some(p) = str_at(obj, "/spec/fsGroupPolicy").filter(|p| !policies.contains(p)) {
+            errs.push(FieldError::not_supported("spec.fsGroupPolicy", &json!(p), &policies));
+        }
+        let modes = obj.pointer("/spec/volumeLifecycleModes").and_then(Value::as_array);
+        for (i, m) in modes.into_iter().flatten().enumerate() {
+            if !["Persistent", "Ephemeral"].contains(&m.as_str().unwrap_or_default()) {
+                let f = format!("spec.volumeLifecycleModes[{i}]");
+                errs.push(FieldError::not_supported(f, m, &["Ephemeral", "Persistent"]));
+            }
+        }
+        errs
+    }
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<FieldError> {
+        let mut errs = self.validate(new);
+        let fixed = [
+            ("/spec/attachRequired", "spec.attachRequired"),
+            ("/spec/volumeLifecycleModes", "spec.volumeLifecycleModes"),
+        ];
+        immutable(new, old, &fixed, &mut errs);
+        errs
+    }
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+}
+
+/// `storage.k8s.io/v1` CSINode: the CSI drivers a node runs (named as the node).
+pub static CSINODE: RequiredFields = RequiredFields { fields: &[], immutable: &[] };
+
+/// `storage.k8s.io/v1` VolumeAttachment: an attacher's request to attach a volume to a node;
+/// its spec is fixed, its status the attacher's.
+pub static VOLUMEATTACHMENT: RequiredFields = RequiredFields {
+    fields: &[("/spec/attacher", "spec.attacher"), ("/spec/nodeName", "spec.nodeName")],
+    immutable: &[("/spec", "spec")],
+};
 
 // ------------------------------------------------------------------------- Ingress
 

@@ -124,6 +124,9 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
             resources.push(sub);
         }
     }
+    if group.is_empty() && version == "v1" {
+        resources.push(crate::componentstatus::discovery_entry());
+    }
     if resources.is_empty() {
         return None;
     }

@@ -14,6 +14,7 @@ pub mod admission;
 pub mod authn;
 pub mod authz;
 pub mod bootstraptoken;
+pub mod componentstatus;
 pub mod continuetoken;
 pub mod crds;
 pub mod discovery;
@@ -72,6 +73,8 @@ pub struct Options {
     pub enable_bootstrap_token_auth: bool,
     /// `--anonymous-auth` with the authorization modes: who a request without credentials is.
     pub anonymous: authn::Anonymous,
+    /// Whether the store is etcd (`--etcd-servers`): how ComponentStatus names it.
+    pub etcd: bool,
 }
 
 impl Default for Options {
@@ -91,6 +94,7 @@ impl Default for Options {
             authorization_modes: vec![authz::Mode::AlwaysAllow],
             enable_bootstrap_token_auth: false,
             anonymous: authn::Anonymous::PublicPaths,
+            etcd: false,
         }
     }
 }
@@ -119,6 +123,7 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         service_account_issuer: opts.service_account_issuer.clone(),
         authz: Arc::new(authz::Authorizer::new(opts.authorization_modes.clone())),
         webhooks: webhook::Webhooks::new(registry.store.clone()),
+        etcd: opts.etcd,
     }))
 }
 

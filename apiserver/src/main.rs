@@ -286,6 +286,7 @@ async fn main() -> anyhow::Result<()> {
             authorization_modes.contains(&apiserver::authz::Mode::AlwaysAllow),
         ),
         authorization_modes,
+        etcd: args.etcd_servers.iter().any(|s| !s.is_empty()),
     };
     let state = apiserver::build_state(store, &opts)?;
     let _crds = apiserver::crds::spawn(state.registry.clone());

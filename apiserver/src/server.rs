@@ -49,6 +49,8 @@ pub struct AppState {
     pub authz: Arc<crate::authz::Authorizer>,
     /// The admission webhooks' configurations.
     pub webhooks: Arc<crate::webhook::Webhooks>,
+    /// Whether the store is etcd (ComponentStatus names it `etcd-0`).
+    pub etcd: bool,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -317,6 +319,23 @@ async fn route(
             let watch = q_bool(query, "watch")?.unwrap_or(false);
             let v = crate::metricsapi::serve(&state.registry, &rp, watch, list_options(query)?).await?;
             Ok(json_response(StatusCode::OK, &v, &[]))
+        }
+        Some(Target::Resource(rp))
+            if rp.group.is_empty() && rp.resource == "componentstatuses" && rp.subresource.is_none() =>
+        {
+            if !is_get || q_bool(query, "watch")?.unwrap_or(false) {
+                return Err(ApiError::method_not_allowed(
+                    "the server does not allow this method on the requested resource",
+                ));
+            }
+            let v = crate::componentstatus::serve(&state.registry, state.etcd, rp.name.as_deref()).await?;
+            let warnings = [crate::componentstatus::DEPRECATION.to_string()];
+            if wants_table(headers) {
+                let list = if v["kind"] == "ComponentStatusList" { v } else { crate::componentstatus::list(vec![v]) };
+                let t = crate::table::component_status_table(&list, query);
+                return Ok(json_response(StatusCode::OK, &t, &warnings));
+            }
+            Ok(json_response(StatusCode::OK, &v, &warnings))
         }
         Some(Target::Resource(rp)) => resource_request(state, method, headers, query, rp, user, body).await,
     }

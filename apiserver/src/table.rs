@@ -168,6 +168,29 @@ pub fn scale_table(scale: &Value, query: &HashMap<String, String>) -> Value {
     build(cols, &cell, &list, query)
 }
 
+/// The Table of ComponentStatuses (Kubernetes' printer: the `Healthy` condition's status,
+/// message and error).
+pub fn component_status_table(list: &Value, query: &HashMap<String, String>) -> Value {
+    let cols =
+        cols(&[("Name", "string", 0), ("Status", "string", 0), ("Message", "string", 0), ("Error", "string", 0)]);
+    let cell = |o: &Value| {
+        let healthy =
+            o.get("conditions").and_then(Value::as_array).and_then(|c| c.iter().find(|c| c["type"] == "Healthy"));
+        let status = match healthy.map(|c| &c["status"]) {
+            Some(Value::String(st)) if st == "True" => "Healthy",
+            Some(_) => "Unhealthy",
+            None => "Unknown",
+        };
+        vec![
+            json!(s(o.pointer("/metadata/name"))),
+            json!(status),
+            json!(s(healthy.and_then(|c| c.get("message")))),
+            json!(s(healthy.and_then(|c| c.get("error")))),
+        ]
+    };
+    build(cols, &cell, list, query)
+}
+
 /// A Table of `list`'s items: the columns, one row of cells per item, and the object each
 /// row is for as `includeObject` asks.
 fn build(

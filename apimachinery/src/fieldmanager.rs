@@ -97,11 +97,20 @@ fn key_of(item: &Value, key: &str) -> String {
 /// presence is owned), as are empty maps.
 pub fn field_set(config: &Value, schema: Schema<'_>) -> FieldSet {
     let mut out = FieldSet::new();
-    walk(config, schema, &mut Vec::new(), &mut out);
+    walk(config, schema, &mut Vec::new(), &mut out, false);
     out
 }
 
-fn walk(v: &Value, schema: Schema<'_>, path: &mut Path, out: &mut FieldSet) {
+/// Every path of an object: its leaves, its list elements and the maps (not the structs)
+/// above them — what a write of the whole object touches, as Kubernetes' comparison of two
+/// objects sees it.
+pub fn all_paths(obj: &Value, schema: Schema<'_>) -> FieldSet {
+    let mut out = FieldSet::new();
+    walk(obj, schema, &mut Vec::new(), &mut out, true);
+    out
+}
+
+fn walk(v: &Value, schema: Schema<'_>, path: &mut Path, out: &mut FieldSet, containers: bool) {
     let Some(m) = v.as_object() else {
         out.insert(path.clone());
         return;
@@ -114,7 +123,12 @@ fn walk(v: &Value, schema: Schema<'_>, path: &mut Path, out: &mut FieldSet) {
         let (sub, meta) = schema.field(k);
         path.push(Elem::Field(k.clone()));
         match x {
-            Value::Object(_) => walk(x, sub, path, out),
+            Value::Object(_) => {
+                if containers && !sub.is_struct() {
+                    out.insert(path.clone());
+                }
+                walk(x, sub, path, out, containers)
+            }
             Value::Array(items) => match list_kind(&meta, items) {
                 ListKind::Keyed(key) => {
                     if items.is_empty() {
@@ -123,7 +137,7 @@ fn walk(v: &Value, schema: Schema<'_>, path: &mut Path, out: &mut FieldSet) {
                     for item in items {
                         path.push(Elem::Key(key_of(item, key)));
                         out.insert(path.clone());
-                        walk(item, sub.items(), path, out);
+                        walk(item, sub.items(), path, out, containers);
                         path.pop();
                     }
                 }
@@ -486,13 +500,106 @@ pub fn apply(live: &Value, config: &Value, schema: Schema<'_>, req: &ApplyReques
     Ok(out)
 }
 
+/// What a write other than an apply (a create, update or patch) is recorded as: an
+/// `Update` operation of `manager` (the request's `fieldManager`, else its User-Agent's
+/// first part), through the main resource or a subresource.
+pub struct UpdateRequest<'a> {
+    pub manager: &'a str,
+    pub api_version: &'a str,
+    /// `status` for a status update; None for the main resource.
+    pub subresource: Option<&'a str>,
+    /// RFC 3339 time for the managedFields entry.
+    pub now: &'a str,
+}
+
+/// The part of an object a write through `subresource` is tracked on.
+fn tracked(obj: &Value, subresource: Option<&str>) -> Value {
+    match subresource {
+        None => strip_unmanaged(obj),
+        Some(sub) => obj.get(sub).map(|v| json!({ sub: v })).unwrap_or_else(|| json!({})),
+    }
+}
+
+/// The managedFields after `old` (`{}` for a create) became `new` through an Update,
+/// starting from the entries `managed`, as Kubernetes' field manager records an update:
+/// the fields the write added or changed become the writer's (and stop being anyone
+/// else's: an update never conflicts), fields it removed are nobody's, the writer's entry
+/// gets the time; managers left owning nothing are dropped. A write that changes nothing
+/// leaves the entries as they were.
+pub fn update(old: &Value, new: &Value, managed: &[Value], schema: Schema<'_>, req: &UpdateRequest<'_>) -> Vec<Value> {
+    let (old_t, new_t) = (tracked(old, req.subresource), tracked(new, req.subresource));
+    let (old_set, new_set) = (all_paths(&old_t, schema), all_paths(&new_t, schema));
+    let removed: FieldSet = old_set.difference(&new_set).cloned().collect();
+    let mut changed: FieldSet = new_set.difference(&old_set).cloned().collect();
+    for p in old_set.intersection(&new_set) {
+        match (get(&old_t, p), get(&new_t, p)) {
+            (Some(a), Some(b)) if a != b && !(a.is_object() && b.is_object()) => {
+                changed.insert(p.clone());
+            }
+            _ => {}
+        }
+    }
+    if changed.is_empty() && removed.is_empty() {
+        return managed.to_vec();
+    }
+    let is_mine = |e: &Value| {
+        let s = |k: &str| e.get(k).and_then(Value::as_str);
+        s("manager") == Some(req.manager)
+            && s("operation") == Some("Update")
+            && s("apiVersion") == Some(req.api_version)
+            && s("subresource") == req.subresource
+    };
+    let mine_set = |previous: FieldSet| -> FieldSet {
+        previous.difference(&removed).cloned().chain(changed.iter().cloned()).collect()
+    };
+    let entry = |set: &FieldSet| {
+        let mut e = json!({"manager": req.manager, "operation": "Update", "apiVersion": req.api_version,
+                           "time": req.now, "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(set)});
+        if let Some(sub) = req.subresource {
+            e["subresource"] = json!(sub);
+        }
+        e
+    };
+    let mut out = Vec::new();
+    let mut placed = false;
+    for e in managed {
+        let set = from_fields_v1(e.get("fieldsV1").unwrap_or(&Value::Null));
+        if is_mine(e) {
+            if !placed {
+                out.push(entry(&mine_set(set)));
+                placed = true;
+            }
+            continue;
+        }
+        let left: FieldSet = set.iter().filter(|p| !changed.contains(*p) && !removed.contains(*p)).cloned().collect();
+        if left.is_empty() {
+            continue;
+        }
+        let mut e = e.clone();
+        if left.len() != set.len() {
+            e["fieldsV1"] = to_fields_v1(&left);
+        }
+        out.push(e);
+    }
+    if !placed {
+        let set = mine_set(FieldSet::new());
+        if !set.is_empty() {
+            out.push(entry(&set));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn defs() -> Map<String, Value> {
         json!({
-            "D": {"properties": {"spec": {"$ref": "#/definitions/S"}}},
+            "D": {"properties": {"spec": {"$ref": "#/definitions/S"},
+                "metadata": {"properties": {"name": {"type": "string"},
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}}}},
+                "status": {"properties": {"ready": {"type": "integer"}}}}},
             "S": {"properties": {
                 "containers": {"type": "array", "items": {"$ref": "#/definitions/C"},
                                "x-kubernetes-patch-merge-key": "name", "x-kubernetes-patch-strategy": "merge"},
@@ -507,6 +614,59 @@ mod tests {
 
     fn req<'a>(manager: &'a str, force: bool) -> ApplyRequest<'a> {
         ApplyRequest { manager, api_version: "apps/v1", force, now: "2024-01-01T00:00:00Z" }
+    }
+
+    fn upd<'a>(manager: &'a str, subresource: Option<&'a str>, now: &'a str) -> UpdateRequest<'a> {
+        UpdateRequest { manager, api_version: "apps/v1", subresource, now }
+    }
+
+    #[test]
+    fn updates_record_their_writer_as_kubernetes_does() {
+        let d = defs();
+        let root = d["D"].clone();
+        let schema = Schema::new(&d, &root);
+        // A create: everything it wrote, maps included (`.`), is the creator's.
+        let created = json!({"metadata": {"name": "x", "labels": {"a": "1"}},
+                             "spec": {"replicas": 1, "containers": [{"name": "web", "image": "v1"}]}});
+        let mf = update(&json!({}), &created, &[], schema, &upd("kubectl-create", None, "t1"));
+        assert_eq!(
+            mf,
+            vec![json!({"manager": "kubectl-create", "operation": "Update", "apiVersion": "apps/v1", "time": "t1",
+                "fieldsType": "FieldsV1", "fieldsV1": {
+                    "f:metadata": {"f:labels": {".": {}, "f:a": {}}},
+                    "f:spec": {"f:replicas": {}, "f:containers": {"k:{\"name\":\"web\"}": {".": {}, "f:name": {}, "f:image": {}}}}}})]
+        );
+        // kubectl edit changes the image and a label: those become its own, the creator keeps the rest.
+        let edited = json!({"metadata": {"name": "x", "labels": {"a": "2"}},
+                            "spec": {"replicas": 1, "containers": [{"name": "web", "image": "v2"}]}});
+        let mf2 = update(&created, &edited, &mf, schema, &upd("kubectl-edit", None, "t2"));
+        assert_eq!(mf2.len(), 2);
+        let sets: Vec<FieldSet> = mf2.iter().map(|e| from_fields_v1(&e["fieldsV1"])).collect();
+        let image = vec![
+            Elem::Field("spec".into()),
+            Elem::Field("containers".into()),
+            Elem::Key("{\"name\":\"web\"}".into()),
+            Elem::Field("image".into()),
+        ];
+        assert!(!sets[0].contains(&image) && sets[1].contains(&image));
+        assert_eq!(mf2[0]["time"], "t1", "the creator's entry keeps its time");
+        assert_eq!((mf2[1]["manager"].as_str(), mf2[1]["time"].as_str()), (Some("kubectl-edit"), Some("t2")));
+        // A write that changes nothing changes no entry.
+        assert_eq!(update(&edited, &edited, &mf2, schema, &upd("kubectl-edit", None, "t3")), mf2);
+        // A status write is tracked on status alone, as a subresource.
+        let with_status = json!({"spec": {"replicas": 1}, "status": {"ready": 1}});
+        let mf3 =
+            update(&json!({"spec": {"replicas": 1}}), &with_status, &[], schema, &upd("ctrl", Some("status"), "t4"));
+        assert_eq!(mf3[0]["subresource"], "status");
+        assert_eq!(mf3[0]["fieldsV1"], json!({"f:status": {"f:ready": {}}}));
+        // Removing the only field a manager owned drops its entry.
+        let bare =
+            json!({"metadata": {"name": "x"}, "spec": {"replicas": 1, "containers": [{"name": "web", "image": "v2"}]}});
+        let mf4 = update(&edited, &bare, &mf2, schema, &upd("kubectl-label", None, "t5"));
+        assert!(mf4.iter().all(|e| e["manager"] != "kubectl-label"), "a pure removal gives the remover nothing");
+        assert!(mf4.iter().all(|e| !from_fields_v1(&e["fieldsV1"])
+            .iter()
+            .any(|p| p.len() > 1 && p[1] == Elem::Field("labels".into()))));
     }
 
     #[test]

@@ -120,6 +120,12 @@ impl<'a> Schema<'a> {
         }
     }
 
+    /// Whether this is a struct (an object with declared properties, like `spec`), not a
+    /// map (`labels`, `data`): field ownership counts a map as a member, a struct not.
+    pub fn is_struct(&self) -> bool {
+        self.resolve().and_then(|n| n.get("properties")).and_then(Value::as_object).is_some_and(|p| !p.is_empty())
+    }
+
     /// The schema of a list's elements.
     pub fn items(&self) -> Schema<'a> {
         self.at(self.resolve().and_then(|n| n.get("items")))

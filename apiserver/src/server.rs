@@ -575,6 +575,19 @@ async fn runtime_class_admission(reg: &Registry, pod: &mut Value) -> ApiResult<(
     })
 }
 
+/// Who a write is recorded as in managedFields: the `fieldManager` parameter, else the
+/// User-Agent's part before its first `/` (`kubectl-edit/v1.33.0 (linux/amd64) …` is
+/// `kubectl-edit`), as Kubernetes names the managers of updates.
+fn field_manager(query: &HashMap<String, String>, headers: &HeaderMap) -> String {
+    match query.get("fieldManager").filter(|m| !m.is_empty()) {
+        Some(m) => m.clone(),
+        None => {
+            let ua = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            ua.split('/').next().unwrap_or_default().chars().take(128).collect()
+        }
+    }
+}
+
 /// The default StorageClass's name (DefaultStorageClass admission of a new claim).
 async fn default_storage_class(reg: &crate::registry::generic::Registry) -> ApiResult<Option<String>> {
     let Some(classes) = resources::find("storage.k8s.io", "v1", "storageclasses") else { return Ok(None) };
@@ -636,7 +649,8 @@ async fn resource_request(
         }))
     };
     let write_options = |query: &HashMap<String, String>| -> ApiResult<WriteOptions> {
-        Ok(WriteOptions { admit: admit.clone(), webhooks: webhooks(), ..write_options(query)? })
+        let manager = Some(field_manager(query, headers));
+        Ok(WriteOptions { admit: admit.clone(), webhooks: webhooks(), manager, ..write_options(query)? })
     };
     let delete_options =
         |query: &HashMap<String, String>, body: &[u8]| -> ApiResult<crate::registry::generic::DeleteOptions> {

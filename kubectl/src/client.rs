@@ -64,6 +64,21 @@ pub struct Ctx {
     discovered: OnceCell<Vec<ApiRes>>,
 }
 
+/// The command running (`label`, `set`, …): requests say `kubectl-<command>` first in their
+/// User-Agent, which is the name the server records a write under in managedFields when
+/// the request names no fieldManager (as the official kubectl's `kubectl-label` …).
+static COMMAND: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Name the command this process runs (once, from main).
+pub fn set_command(name: &str) {
+    let _ = COMMAND.set(name.to_string());
+}
+
+fn user_agent() -> String {
+    let who = COMMAND.get().map(|c| format!("kubectl-{c}")).unwrap_or_else(|| "kubectl".into());
+    format!("{who}/v{} ({}/{}) minik8s", env!("CARGO_PKG_VERSION"), std::env::consts::OS, std::env::consts::ARCH)
+}
+
 /// How often a request the server asked to retry is sent again (client-go's `maxRetries`).
 const MAX_RETRIES: u32 = 10;
 
@@ -120,7 +135,11 @@ impl Ctx {
         accept: &str,
         body: Option<(&str, Vec<u8>)>,
     ) -> Result<Request<Vec<u8>>> {
-        let mut b = Request::builder().method(method).uri(path).header(http::header::ACCEPT, accept);
+        let mut b = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::ACCEPT, accept)
+            .header(http::header::USER_AGENT, user_agent());
         let bytes = match body {
             Some((ct, bytes)) => {
                 b = b.header(http::header::CONTENT_TYPE, ct);

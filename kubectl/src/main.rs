@@ -132,6 +132,9 @@ async fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() {
+    if let Some(sub) = Cli::command().try_get_matches().ok().and_then(|m| m.subcommand_name().map(str::to_string)) {
+        client::set_command(&sub);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

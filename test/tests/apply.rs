@@ -199,3 +199,97 @@ fn server_side_apply_creates_updates_and_reports_conflicts() -> Result<()> {
     }
     Ok(())
 }
+
+/// Every write is recorded in managedFields as Kubernetes records it, not only applies:
+/// `kubectl create`, `label` and `set image` each leave an `Update` entry owning what they
+/// wrote (taking it from whoever owned it before), a status patch an entry for the status
+/// subresource, and a server-side apply then conflicts with the update that set a field to
+/// another value — the same message a real cluster gives — until forced.
+#[test]
+fn every_write_records_its_manager_and_apply_meets_them() -> Result<()> {
+    for (v, bin) in official_kubectls(&["1.33"]) {
+        let server = ApiServer::start()?;
+        let k = |args: &[&str]| server.kubectl_bin(&bin, args);
+        ensure!(k(&["create", "deployment", "web", "--image=nginx"])?.ok);
+        ensure!(k(&["label", "deployment", "web", "tier=front"])?.ok);
+        ensure!(k(&["set", "image", "deployment/web", "nginx=nginx:2"])?.ok);
+        let out = k(&[
+            "patch",
+            "deployment",
+            "web",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"replicas":0}}"#,
+        ])?;
+        ensure!(out.ok, "kubectl {v}: {out:?}");
+        let managers = || -> Result<Vec<(String, String, String, String)>> {
+            let out = k(&["get", "deployment", "web", "-o", "json", "--show-managed-fields"])?;
+            let d: serde_json::Value = serde_json::from_str(&out.stdout)?;
+            Ok(d["metadata"]["managedFields"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|e| {
+                    let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+                    (
+                        s("manager"),
+                        s("operation"),
+                        s("subresource"),
+                        serde_json::to_string(&e["fieldsV1"]).unwrap_or_default(),
+                    )
+                })
+                .collect())
+        };
+        let m = managers()?;
+        let names: Vec<(&str, &str, &str)> =
+            m.iter().map(|(a, b, c, _)| (a.as_str(), b.as_str(), c.as_str())).collect();
+        ensure!(
+            names
+                == [
+                    ("kubectl-create", "Update", ""),
+                    ("kubectl-label", "Update", ""),
+                    ("kubectl-set", "Update", ""),
+                    ("kubectl-patch", "Update", "status"),
+                ],
+            "kubectl {v}: {m:?}"
+        );
+        let image = r#""f:image":{}"#;
+        ensure!(!m[0].3.contains(image) && m[2].3.contains(image), "kubectl {v}: set image took the image: {m:?}");
+        ensure!(
+            m[0].3.contains(r#""f:replicas":{}"#) && m[0].3.contains(r#""f:dnsPolicy":{}"#),
+            "defaults are the creator's: {m:?}"
+        );
+        ensure!(m[1].3 == r#"{"f:metadata":{"f:labels":{"f:tier":{}}}}"#, "kubectl {v}: {m:?}");
+        ensure!(m[3].3 == r#"{"f:status":{"f:replicas":{}}}"#, "kubectl {v}: {m:?}");
+        // Plain output hides them, as kubectl does.
+        let out = k(&["get", "deployment", "web", "-o", "yaml"])?;
+        ensure!(!out.stdout.contains("managedFields"), "kubectl {v}: {}", out.stdout);
+
+        let config = server.data_dir.join("web.yaml");
+        std::fs::write(
+            &config,
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  \
+             template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers: [{name: nginx, image: 'nginx:3'}]\n",
+        )?;
+        let path = config.to_string_lossy().into_owned();
+        let out = k(&["apply", "--server-side", "-f", &path])?;
+        ensure!(
+            !out.ok
+                && out.stderr.contains(
+                    r#"conflict with "kubectl-set" using apps/v1: .spec.template.spec.containers[name="nginx"].image"#
+                ),
+            "kubectl {v}: {out:?}"
+        );
+        let out = k(&["apply", "--server-side", "--force-conflicts", "-f", &path])?;
+        ensure!(out.ok, "kubectl {v}: {out:?}");
+        let m = managers()?;
+        ensure!(
+            !m.iter().any(|e| e.0 == "kubectl-set"),
+            "kubectl {v}: the forced apply took kubectl-set's only field: {m:?}"
+        );
+        ensure!(m.iter().any(|e| e.0 == "kubectl" && e.1 == "Apply" && e.3.contains(image)), "kubectl {v}: {m:?}");
+    }
+    Ok(())
+}

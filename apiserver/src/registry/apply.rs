@@ -78,6 +78,12 @@ impl Registry {
         let api_version = res.api_version();
         let now = now_rfc3339();
         let req = ApplyRequest { manager: opts.field_manager, api_version: &api_version, force: opts.force, now: &now };
+        // The apply records its own managedFields entry, not an update's.
+        let opts = &ApplyOptions {
+            write: WriteOptions { manager: None, ..opts.write.clone() },
+            field_manager: opts.field_manager,
+            force: opts.force,
+        };
         // Partial configurations are fine: the typed check (and fieldValidation) runs on the
         // merged object.
         let mut warnings = Vec::new();

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
+use apimachinery::fieldmanager;
 use apimachinery::names::random_suffix;
+use apimachinery::strategicpatch::Schema;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use storage::{KeyValue, Op, Range, Revision, Store, Txn, TxnOutcome};
@@ -35,6 +37,10 @@ pub struct WriteOptions {
     pub field_validation: FieldValidation,
     /// managedFields a create starts with (server-side apply); client-sent ones are dropped.
     pub managed_fields: Option<Value>,
+    /// Who writes, for the `Update` entry of managedFields that a create, update or patch
+    /// gets (the request's fieldManager, else its User-Agent's first part). None: not
+    /// recorded (server-side apply records its own; the apiserver's own writes).
+    pub manager: Option<String>,
     /// Validating admission that depends on who asks (the request path builds it): sees
     /// the object about to be stored, valid, and the stored one on an update.
     pub admit: Option<Admit>,
@@ -302,6 +308,26 @@ pub fn decode(kv: &KeyValue) -> ApiResult<Value> {
         .map_err(|e| ApiError::internal(format!("stored object {} is corrupt: {e}", kv.key)))?;
     set_at(&mut v, "/metadata/resourceVersion", Value::String(kv.mod_revision.to_string()));
     Ok(v)
+}
+
+/// Record a create (`old` is `{}`) or update by `manager` in `new`'s managedFields, which
+/// hold the entries to start from (the stored ones, or what the client sent).
+fn record_update(res: &ResourceDef, old: &Value, new: &mut Value, manager: &str, subresource: Option<&str>) {
+    let defs = &*crate::openapi::DEFINITIONS;
+    let schema = defs.schema_of(res.group, res.version, res.kind).map_or_else(Schema::none, |r| Schema::new(defs, r));
+    let managed: Vec<Value> =
+        new.pointer("/metadata/managedFields").and_then(Value::as_array).cloned().unwrap_or_default();
+    let api_version = res.api_version();
+    let now = now_rfc3339();
+    let req = fieldmanager::UpdateRequest { manager, api_version: &api_version, subresource, now: &now };
+    let entries = fieldmanager::update(old, new, &managed, schema, &req);
+    if entries.is_empty() {
+        if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+    } else {
+        set_at(new, "/metadata/managedFields", Value::Array(entries));
+    }
 }
 
 /// Encode for storage: without resourceVersion and selfLink (managedFields are kept: they
@@ -800,6 +826,9 @@ impl Registry {
             }
             let name = meta_str(&obj, "name").to_string();
             strategy.prepare_for_create(&mut obj);
+            if let (Some(manager), None) = (&opts.manager, &opts.managed_fields) {
+                record_update(res, &json!({}), &mut obj, manager, None);
+            }
             let mut errs = validate_object_meta(&obj, strategy.name_rule(), res.namespaced);
             errs.extend(strategy.validate_create(&obj));
             if !errs.is_empty() {
@@ -1029,6 +1058,13 @@ impl Registry {
             if strategy.tracks_generation() && spec_part(&new) != spec_part(&old) {
                 let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
                 set_at(&mut new, "/metadata/generation", json!(g + 1));
+            }
+            if let Some(manager) = &opts.manager {
+                match kind {
+                    UpdateKind::Main => record_update(res, &old, &mut new, manager, None),
+                    UpdateKind::Status => record_update(res, &old, &mut new, manager, Some("status")),
+                    UpdateKind::Subresource(_) | UpdateKind::Internal => {}
+                }
             }
             let mut errs = validate_object_meta(&new, strategy.name_rule(), res.namespaced);
             match kind {

@@ -100,8 +100,8 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
             ctx.json(Method::POST, &q, Some(("application/json", serde_json::to_vec(&hpa).unwrap_or_default()))).await?
         };
         match a.output.as_deref() {
-            Some("yaml") => print!("{}", crate::print::to_yaml(&printed)),
-            Some("json") => print!("{}", crate::print::to_json(&printed)),
+            Some("yaml") => print!("{}", crate::print::to_yaml(&crate::print::omit_managed_fields(&printed))),
+            Some("json") => print!("{}", crate::print::to_json(&crate::print::omit_managed_fields(&printed))),
             Some("name") => println!("horizontalpodautoscaler.autoscaling/{name}"),
             None | Some("") => println!("horizontalpodautoscaler.autoscaling/{name} autoscaled{}", dry.suffix()),
             Some(other) => {

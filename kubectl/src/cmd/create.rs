@@ -181,8 +181,8 @@ async fn create_generated(ctx: &Ctx, a: &CreateArgs, dry: DryRun) -> Result<()> 
         ctx.json(Method::POST, &q, Some(("application/json", body))).await?
     };
     match a.output.as_deref() {
-        Some("yaml") => print!("{}", crate::print::to_yaml(&printed)),
-        Some("json") => print!("{}", crate::print::to_json(&printed)),
+        Some("yaml") => print!("{}", crate::print::to_yaml(&crate::print::omit_managed_fields(&printed))),
+        Some("json") => print!("{}", crate::print::to_json(&crate::print::omit_managed_fields(&printed))),
         Some("name") => println!("{kind_group}/{name}"),
         None | Some("") => println!("{kind_group}/{name} created{}", dry.suffix()),
         Some(other) => {

@@ -31,6 +31,7 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
     for (res, name) in resolve_targets(ctx, &a.args).await? {
         let path = res.object_path(ns_for(ctx, &res), &name);
         let obj = crate::cmd::get::with_type_meta(ctx.get(&path).await?, &res);
+        let obj = crate::print::omit_managed_fields(&obj);
         let json = a.output == "json";
         let text = if json { crate::print::to_json(&obj) } else { crate::print::to_yaml(&obj) };
         let dir = std::env::temp_dir();

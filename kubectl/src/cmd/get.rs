@@ -48,6 +48,9 @@ pub struct Args {
     /// If present, list the resource type for the requested object(s).
     #[arg(long)]
     pub show_kind: bool,
+    /// If true, keep the managedFields when printing objects in JSON or YAML format.
+    #[arg(long)]
+    pub show_managed_fields: bool,
     /// Return large lists in chunks rather than all at once (accepted; lists come whole).
     #[arg(long, default_value_t = 500)]
     pub chunk_size: i64,
@@ -264,8 +267,13 @@ fn print_fetched(
                 print!("{}", table::align(&rows));
             }
         }
-        Output::Json => print!("{}", print::to_json(&doc())),
-        Output::Yaml => print!("{}", print::to_yaml(&doc())),
+        Output::Json | Output::Yaml => {
+            let doc = if a.show_managed_fields { doc() } else { print::omit_managed_fields(&doc()) };
+            match output {
+                Output::Json => print!("{}", print::to_json(&doc)),
+                _ => print!("{}", print::to_yaml(&doc)),
+            }
+        }
         Output::Name => {
             for f in fetched {
                 for o in &f.objects {
@@ -350,6 +358,7 @@ async fn watch(
             print!("{}", state.event_text(t, &opts));
         } else {
             let obj = with_type_meta(obj, res);
+            let obj = if a.show_managed_fields { obj } else { print::omit_managed_fields(&obj) };
             let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
             match output {
                 Output::Json => print!("{}", print::to_json(&obj)),

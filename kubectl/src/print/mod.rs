@@ -84,6 +84,22 @@ pub fn to_yaml(v: &Value) -> String {
     yaml::to_yaml(&sorted(v))
 }
 
+/// `v` without `metadata.managedFields` (its own, or its items' when a list), as kubectl
+/// prints objects in json and yaml unless asked (`--show-managed-fields`).
+pub fn omit_managed_fields(v: &Value) -> Value {
+    let mut out = v.clone();
+    let strip = |o: &mut Value| {
+        if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+    };
+    strip(&mut out);
+    if let Some(items) = out.get_mut("items").and_then(Value::as_array_mut) {
+        items.iter_mut().for_each(strip);
+    }
+    out
+}
+
 /// A `kind: List` wrapping `items`, as kubectl prints several objects.
 pub fn as_list(items: Vec<Value>) -> Value {
     serde_json::json!({"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}})

@@ -5,6 +5,7 @@
 mod client;
 mod cmd;
 mod error;
+mod kustomize;
 mod manifest;
 mod merge;
 mod print;
@@ -81,6 +82,12 @@ enum Cmd {
     ClusterInfo,
     /// Modify kubeconfig files.
     Config(cmd::config::Args),
+    /// Build a kustomization target from a directory.
+    Kustomize {
+        /// The kustomization directory (default: the current one).
+        #[arg(default_value = ".")]
+        dir: String,
+    },
     /// Output shell completion code for the specified shell (bash, zsh, fish).
     Completion {
         /// bash, zsh, fish, powershell or elvish
@@ -97,6 +104,12 @@ async fn run(cli: Cli) -> Result<()> {
             return Ok(());
         }
         Cmd::Version(a) if a.client => return cmd::version::run(None, a).await,
+        Cmd::Kustomize { dir } => {
+            let objs = kustomize::build(&kustomize::Disk, std::path::Path::new(dir))?;
+            let docs: Vec<String> = objs.iter().map(print::to_yaml).collect();
+            print!("{}", docs.join("---\n"));
+            return Ok(());
+        }
         _ => {}
     }
     let ctx = Ctx::connect(g).await?;
@@ -127,7 +140,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::ApiResources(a) => cmd::api_resources::run(&ctx, a).await,
         Cmd::Version(a) => cmd::version::run(Some(&ctx), a).await,
         Cmd::ClusterInfo => cmd::version::cluster_info(&ctx).await,
-        Cmd::Config(_) | Cmd::Completion { .. } => Ok(()),
+        Cmd::Config(_) | Cmd::Completion { .. } | Cmd::Kustomize { .. } => Ok(()),
     }
 }
 

@@ -21,6 +21,9 @@ pub struct Args {
     /// Process the directory used in -f, --filename recursively.
     #[arg(short = 'R', long)]
     pub recursive: bool,
+    /// Process a kustomization directory. This flag can't be used together with -f or -R.
+    #[arg(short = 'k', long = "kustomize", conflicts_with_all = ["filenames", "recursive"])]
+    pub kustomize: Option<String>,
     /// Must be "none", "server", or "client".
     #[arg(long, default_value = "none", num_args = 0..=1, default_missing_value = "client")]
     pub dry_run: String,
@@ -122,7 +125,13 @@ pub fn with_namespace(obj: &Value, ns: Option<&str>) -> Value {
 
 pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
     let dry = DryRun::parse(&a.dry_run)?;
-    let (manifests, read_err) = manifest::read_stream(&a.filenames, a.recursive);
+    let (manifests, read_err) = match &a.kustomize {
+        Some(dir) => match crate::kustomize::read(dir) {
+            Ok(m) => (m, None),
+            Err(e) => (vec![], Some(e)),
+        },
+        None => manifest::read_stream(&a.filenames, a.recursive),
+    };
     if manifests.is_empty() {
         return Err(read_err.unwrap_or_else(|| KubectlError::msg("no objects passed to apply")));
     }

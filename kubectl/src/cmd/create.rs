@@ -53,6 +53,9 @@ pub struct CreateArgs {
     /// Process the directory used in -f, --filename recursively.
     #[arg(short = 'R', long)]
     pub recursive: bool,
+    /// Process a kustomization directory. This flag can't be used together with -f or -R.
+    #[arg(short = 'k', long = "kustomize", conflicts_with_all = ["filenames", "recursive"])]
+    pub kustomize: Option<String>,
     /// Must be "none", "server", or "client".
     #[arg(long, default_value = "none", num_args = 0..=1, default_missing_value = "client")]
     pub dry_run: String,
@@ -115,11 +118,15 @@ fn report(lines: Vec<Result<String>>, output: Option<&str>) -> Result<()> {
 
 pub async fn create(ctx: &Ctx, a: &CreateArgs) -> Result<()> {
     let dry = DryRun::parse(&a.dry_run)?;
-    if a.filenames.is_empty() {
+    if a.filenames.is_empty() && a.kustomize.is_none() {
         return create_generated(ctx, a, dry).await;
     }
+    let manifests = match &a.kustomize {
+        Some(dir) => crate::kustomize::read(dir)?,
+        None => manifest::read_all(&a.filenames, a.recursive)?,
+    };
     let mut lines = Vec::new();
-    for m in manifest::read_all(&a.filenames, a.recursive)? {
+    for m in manifests {
         let r = async {
             let res = manifest_resource(ctx, &m).await?;
             let ns = target_namespace(&m, &res, ctx)?;

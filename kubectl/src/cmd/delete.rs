@@ -24,6 +24,9 @@ pub struct Args {
     /// Process the directory used in -f, --filename recursively.
     #[arg(short = 'R', long)]
     pub recursive: bool,
+    /// Process a kustomization directory. This flag can't be used together with -f or -R.
+    #[arg(short = 'k', long = "kustomize", conflicts_with_all = ["filenames", "recursive"])]
+    pub kustomize: Option<String>,
     /// Selector (label query) to filter on.
     #[arg(short = 'l', long)]
     pub selector: Option<String>,
@@ -121,8 +124,12 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
     // (display id, object path, source file)
     let mut targets: Vec<(String, String, Option<String>)> = Vec::new();
     let mut errors: Vec<KubectlError> = Vec::new();
-    if !a.filenames.is_empty() {
-        for m in manifest::read_all(&a.filenames, a.recursive)? {
+    if !a.filenames.is_empty() || a.kustomize.is_some() {
+        let manifests = match &a.kustomize {
+            Some(dir) => crate::kustomize::read(dir)?,
+            None => manifest::read_all(&a.filenames, a.recursive)?,
+        };
+        for m in manifests {
             match manifest_resource(ctx, &m).await.and_then(|res| Ok((target_namespace(&m, &res, ctx)?, res))) {
                 Ok((ns, res)) => targets.push((
                     format!("{} \"{}\"", res.kind_group(), m.name()),

@@ -97,7 +97,9 @@ fn key_of(item: &Value, key: &str) -> String {
 /// presence is owned), as are empty maps.
 pub fn field_set(config: &Value, schema: Schema<'_>) -> FieldSet {
     let mut out = FieldSet::new();
-    walk(config, schema, &mut Vec::new(), &mut out, false);
+    walk(config, schema, &mut Vec::new(), false, &mut |p, _| {
+        out.insert(p.clone());
+    });
     out
 }
 
@@ -106,17 +108,35 @@ pub fn field_set(config: &Value, schema: Schema<'_>) -> FieldSet {
 /// objects sees it.
 pub fn all_paths(obj: &Value, schema: Schema<'_>) -> FieldSet {
     let mut out = FieldSet::new();
-    walk(obj, schema, &mut Vec::new(), &mut out, true);
+    walk(obj, schema, &mut Vec::new(), true, &mut |p, _| {
+        out.insert(p.clone());
+    });
     out
 }
 
-fn walk(v: &Value, schema: Schema<'_>, path: &mut Path, out: &mut FieldSet, containers: bool) {
+/// [`all_paths`] with the value at each path.
+fn all_values<'a>(obj: &'a Value, schema: Schema<'_>) -> std::collections::BTreeMap<Path, &'a Value> {
+    let mut out = std::collections::BTreeMap::new();
+    walk(obj, schema, &mut Vec::new(), true, &mut |p, v| {
+        out.insert(p.clone(), v);
+    });
+    out
+}
+
+/// Visit the paths of `v` (`containers`: maps that are members too) with their values.
+fn walk<'a>(
+    v: &'a Value,
+    schema: Schema<'_>,
+    path: &mut Path,
+    containers: bool,
+    out: &mut dyn FnMut(&Path, &'a Value),
+) {
     let Some(m) = v.as_object() else {
-        out.insert(path.clone());
+        out(path, v);
         return;
     };
     if m.is_empty() && !path.is_empty() {
-        out.insert(path.clone());
+        out(path, v);
         return;
     }
     for (k, x) in m {
@@ -125,39 +145,35 @@ fn walk(v: &Value, schema: Schema<'_>, path: &mut Path, out: &mut FieldSet, cont
         match x {
             Value::Object(_) => {
                 if containers && !sub.is_struct() {
-                    out.insert(path.clone());
+                    out(path, x);
                 }
-                walk(x, sub, path, out, containers)
+                walk(x, sub, path, containers, out)
             }
             Value::Array(items) => match list_kind(&meta, items) {
                 ListKind::Keyed(key) => {
                     if items.is_empty() {
-                        out.insert(path.clone());
+                        out(path, x);
                     }
                     for item in items {
                         path.push(Elem::Key(key_of(item, key)));
-                        out.insert(path.clone());
-                        walk(item, sub.items(), path, out, containers);
+                        out(path, item);
+                        walk(item, sub.items(), path, containers, out);
                         path.pop();
                     }
                 }
                 ListKind::Set => {
                     if items.is_empty() {
-                        out.insert(path.clone());
+                        out(path, x);
                     }
                     for item in items {
                         path.push(Elem::Value(serde_json::to_string(item).unwrap_or_default()));
-                        out.insert(path.clone());
+                        out(path, item);
                         path.pop();
                     }
                 }
-                ListKind::Atomic => {
-                    out.insert(path.clone());
-                }
+                ListKind::Atomic => out(path, x),
             },
-            _ => {
-                out.insert(path.clone());
-            }
+            _ => out(path, x),
         }
         path.pop();
     }
@@ -528,17 +544,22 @@ fn tracked(obj: &Value, subresource: Option<&str>) -> Value {
 /// leaves the entries as they were.
 pub fn update(old: &Value, new: &Value, managed: &[Value], schema: Schema<'_>, req: &UpdateRequest<'_>) -> Vec<Value> {
     let (old_t, new_t) = (tracked(old, req.subresource), tracked(new, req.subresource));
-    let (old_set, new_set) = (all_paths(&old_t, schema), all_paths(&new_t, schema));
-    let removed: FieldSet = old_set.difference(&new_set).cloned().collect();
-    let mut changed: FieldSet = new_set.difference(&old_set).cloned().collect();
-    for p in old_set.intersection(&new_set) {
-        match (get(&old_t, p), get(&new_t, p)) {
-            (Some(a), Some(b)) if a != b && !(a.is_object() && b.is_object()) => {
-                changed.insert(p.clone());
-            }
-            _ => {}
-        }
-    }
+    let (removed, changed): (FieldSet, FieldSet) = if old_t.as_object().is_none_or(|m| m.is_empty()) {
+        // A create: everything is added.
+        (FieldSet::new(), all_paths(&new_t, schema))
+    } else {
+        let (before, after) = (all_values(&old_t, schema), all_values(&new_t, schema));
+        let removed = before.keys().filter(|p| !after.contains_key(*p)).cloned().collect();
+        let changed = after
+            .iter()
+            .filter(|(p, b)| match before.get(*p) {
+                None => true,
+                Some(a) => a != *b && !(a.is_object() && b.is_object()),
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        (removed, changed)
+    };
     if changed.is_empty() && removed.is_empty() {
         return managed.to_vec();
     }

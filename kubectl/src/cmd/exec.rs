@@ -141,7 +141,9 @@ async fn pod_name(ctx: &Ctx, target: &str) -> Result<String> {
     let sel = super::logs::pod_selector(&obj)
         .ok_or_else(|| KubectlError::msg(format!("cannot attach to {t}/{n}: selector for {t} not implemented")))?;
     let pods = ctx.get(&with_query(&format!("/api/v1/namespaces/{ns}/pods"), &[("labelSelector", sel)])).await?;
-    pods.pointer("/items/0/metadata/name")
+    let items = pods.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+    super::logs::pick_pod(&items)
+        .and_then(|p| p.pointer("/metadata/name"))
         .and_then(Value::as_str)
         .map(String::from)
         .ok_or_else(|| KubectlError::msg(format!("no pods found for {t}/{n}")))

@@ -48,6 +48,52 @@ pub fn pod_selector(obj: &Value) -> Option<String> {
     (!kv.is_empty()).then(|| kv.join(","))
 }
 
+/// The pod of a workload that `logs`, `exec`, `attach` and `port-forward` use, as kubectl
+/// chooses it (the first of its pods sorted by `ActivePods`, most active first): scheduled
+/// before unscheduled, Running before Unknown before Pending (and the rest), ready before
+/// not ready, ready the longest, fewest restarts, oldest. Pure.
+pub fn pick_pod(pods: &[Value]) -> Option<&Value> {
+    fn ready_since(p: &Value) -> Option<&str> {
+        p.pointer("/status/conditions")
+            .and_then(Value::as_array)?
+            .iter()
+            .find(|c| c["type"] == "Ready" && c["status"] == "True")
+            .map(|c| c.get("lastTransitionTime").and_then(Value::as_str).unwrap_or_default())
+    }
+    let restarts = |p: &Value| {
+        ["/status/containerStatuses", "/status/initContainerStatuses"]
+            .iter()
+            .flat_map(|f| p.pointer(f).and_then(Value::as_array).into_iter().flatten())
+            .filter_map(|c| c.get("restartCount").and_then(Value::as_i64))
+            .max()
+            .unwrap_or(0)
+    };
+    // Greater is more active. RFC 3339 times of one format compare as text; an empty
+    // time counts as the newest.
+    let rank = |p: &Value| {
+        let scheduled = p.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+        let phase = match p.pointer("/status/phase").and_then(Value::as_str) {
+            Some("Running") => 2,
+            Some("Unknown") => 1,
+            _ => 0,
+        };
+        let ready = ready_since(p);
+        let older =
+            |t: &str| if t.is_empty() { std::cmp::Reverse("~".to_string()) } else { std::cmp::Reverse(t.to_string()) };
+        let created = p.pointer("/metadata/creationTimestamp").and_then(Value::as_str).unwrap_or_default();
+        (
+            scheduled,
+            phase,
+            ready.is_some(),
+            older(ready.unwrap_or_default()),
+            std::cmp::Reverse(restarts(p)),
+            older(created),
+        )
+    };
+    // The first of the most active (a stable choice among equals, as kubectl's sort).
+    pods.iter().rev().max_by(|a, b| rank(a).cmp(&rank(b)))
+}
+
 /// kubectl's client-side check that a pod has the named (init, ephemeral) container. Pure.
 pub fn check_container(pod: &Value, pod_name: &str, container: &str) -> Result<()> {
     let found = ["/spec/containers", "/spec/initContainers", "/spec/ephemeralContainers"].iter().any(|p| {
@@ -99,7 +145,9 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
                     pod_selector(&obj).ok_or_else(|| KubectlError::msg(format!("cannot find the pods of {t}/{n}")))?;
                 let pods =
                     ctx.get(&with_query(&format!("/api/v1/namespaces/{ns}/pods"), &[("labelSelector", sel)])).await?;
-                pods.pointer("/items/0/metadata/name")
+                let items = pods.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+                pick_pod(&items)
+                    .and_then(|p| p.pointer("/metadata/name"))
                     .and_then(Value::as_str)
                     .map(String::from)
                     .ok_or_else(|| KubectlError::msg(format!("no pods found for {t}/{n}")))?
@@ -151,6 +199,35 @@ pub async fn run(ctx: &Ctx, a: &Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_most_active_pod_is_chosen_as_kubectl_chooses_it() {
+        let p = |name: &str, node: &str, phase: &str, ready: Option<&str>, restarts: i64, created: &str| {
+            let conditions = match ready {
+                Some(t) => json!([{"type": "Ready", "status": "True", "lastTransitionTime": t}]),
+                None => json!([{"type": "Ready", "status": "False"}]),
+            };
+            json!({"metadata": {"name": name, "creationTimestamp": created}, "spec": {"nodeName": node},
+                   "status": {"phase": phase, "conditions": conditions, "containerStatuses": [{"restartCount": restarts}]}})
+        };
+        let t = |d: u8| format!("2024-01-0{d}T00:00:00Z");
+        let pick =
+            |pods: &[Value]| pick_pod(pods).map(|p| p["metadata"]["name"].as_str().unwrap_or_default().to_string());
+        let pending = p("pending", "n1", "Pending", None, 0, &t(1));
+        let running = p("running", "n1", "Running", None, 0, &t(1));
+        let ready_new = p("ready-new", "n1", "Running", Some(&t(5)), 0, &t(1));
+        let ready_old = p("ready-old", "n1", "Running", Some(&t(3)), 0, &t(2));
+        let restarted = p("restarted", "n1", "Running", Some(&t(3)), 4, &t(1));
+        let unscheduled = p("unscheduled", "", "Running", Some(&t(1)), 0, &t(1));
+        assert_eq!(pick(&[pending.clone(), running.clone()]).as_deref(), Some("running"));
+        assert_eq!(pick(&[running.clone(), ready_new.clone()]).as_deref(), Some("ready-new"));
+        assert_eq!(pick(&[ready_new.clone(), ready_old.clone()]).as_deref(), Some("ready-old"), "ready the longest");
+        assert_eq!(pick(&[restarted, ready_old.clone()]).as_deref(), Some("ready-old"), "fewer restarts");
+        assert_eq!(pick(&[unscheduled, pending]).as_deref(), Some("pending"), "scheduled first");
+        let twin = p("twin", "n1", "Running", Some(&t(3)), 0, &t(2));
+        assert_eq!(pick(&[ready_old, twin]).as_deref(), Some("ready-old"), "the first of equals");
+        assert!(pick_pod(&[]).is_none());
+    }
     use serde_json::json;
 
     #[test]

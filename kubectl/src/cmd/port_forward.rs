@@ -118,22 +118,6 @@ pub fn service_target_port(svc: &Value, pod: &Value, remote: &str) -> Result<u16
     }
 }
 
-/// Which pod of a selector's list to forward to: running and ready first, then running, then
-/// the newest (kubectl's `ByLogging` preference, simplified).
-pub fn pick_pod(pods: &[Value]) -> Option<&Value> {
-    let rank = |p: &Value| {
-        let running = p.pointer("/status/phase").and_then(Value::as_str) == Some("Running");
-        let ready = p
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
-        let deleting = p.pointer("/metadata/deletionTimestamp").is_some();
-        let created = p.pointer("/metadata/creationTimestamp").and_then(Value::as_str).unwrap_or_default().to_string();
-        (!deleting, running && ready, running, created)
-    };
-    pods.iter().max_by(|a, b| rank(a).cmp(&rank(b)))
-}
-
 /// How a forward line is printed: `127.0.0.1:8080`, `[::1]:8080`.
 pub fn forwarding_line(addr: &SocketAddr, remote: u16) -> String {
     format!("Forwarding from {addr} -> {remote}")
@@ -261,7 +245,9 @@ async fn find_pod(ctx: &Ctx, ns: &str, kind: &str, name: &str) -> Result<(Value,
     };
     let pods = ctx.get(&with_query(&format!("/api/v1/namespaces/{ns}/pods"), &[("labelSelector", sel)])).await?;
     let items = pods.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
-    let pod = pick_pod(&items).cloned().ok_or_else(|| KubectlError::msg(format!("no pods found for {kind}/{name}")))?;
+    let pod = super::logs::pick_pod(&items)
+        .cloned()
+        .ok_or_else(|| KubectlError::msg(format!("no pods found for {kind}/{name}")))?;
     Ok((pod, (kind == "services").then_some(obj)))
 }
 
@@ -362,21 +348,6 @@ mod tests {
             service_target_port(&svc, &pod(), "83").unwrap_err().to_string(),
             "error: Service s does not have a service port 83"
         );
-    }
-
-    #[test]
-    fn prefers_running_ready_pods() {
-        let p = |name: &str, phase: &str, ready: &str, created: &str| {
-            json!({"metadata": {"name": name, "creationTimestamp": created},
-                   "status": {"phase": phase, "conditions": [{"type": "Ready", "status": ready}]}})
-        };
-        let pods = vec![
-            p("pending", "Pending", "False", "2024-01-03T00:00:00Z"),
-            p("ready-old", "Running", "True", "2024-01-01T00:00:00Z"),
-            p("running", "Running", "False", "2024-01-02T00:00:00Z"),
-        ];
-        assert_eq!(pick_pod(&pods).unwrap()["metadata"]["name"], "ready-old");
-        assert!(pick_pod(&[]).is_none());
     }
 
     #[test]

@@ -52,6 +52,12 @@ fn cluster_up_two_nodes_runs_a_service_and_down_leaves_nothing() {
 
     let (ok, out) = kubectl(&kc, &["get", "nodes", "-o", "name"]);
     assert!(ok && out.contains("node/node-1") && out.contains("node/node-2"), "nodes:\n{out}");
+    // The control plane's health as `kubectl get cs` shows it: every component Healthy.
+    let (ok, out) = kubectl(
+        &kc,
+        &["get", "componentstatuses", "-o", "jsonpath={range .items[*]}{.metadata.name}={.conditions[0].status} {end}"],
+    );
+    assert!(ok && out.contains("scheduler=True controller-manager=True storage=True"), "componentstatuses:\n{out}");
 
     // --device-plugin sample: the first node (the host's device-plugin directory) advertises
     // the sample plugin's three widgets, the second none.

@@ -196,21 +196,13 @@ fn build_unsorted(files: &dyn Files, dir: &Path) -> Result<Vec<Value>> {
             patches.push((doc, None));
         }
     }
-    for p in k.get("patches").and_then(Value::as_array).into_iter().flatten() {
+    // `patches` (either kind) and the older `patchesJson6902`: inline or from a file.
+    let listed = ["patches", "patchesJson6902"].map(|f| k.get(f).and_then(Value::as_array).into_iter().flatten());
+    for p in listed.into_iter().flatten() {
         let text = match (p.get("patch").and_then(Value::as_str), p.get("path").and_then(Value::as_str)) {
             (Some(inline), _) => inline.to_string(),
             (None, Some(path)) => files.read(&join(dir, path))?,
             _ => return Err(KubectlError::msg("a patch needs either `patch` or `path`")),
-        };
-        let parsed: Value =
-            serde_yaml::from_str(&text).map_err(|e| KubectlError::msg(format!("invalid patch: {e}")))?;
-        patches.push((parsed, p.get("target").cloned()));
-    }
-    for p in k.get("patchesJson6902").and_then(Value::as_array).into_iter().flatten() {
-        let text = match (p.get("patch").and_then(Value::as_str), p.get("path").and_then(Value::as_str)) {
-            (Some(inline), _) => inline.to_string(),
-            (None, Some(path)) => files.read(&join(dir, path))?,
-            _ => return Err(KubectlError::msg("a patchesJson6902 entry needs either `patch` or `path`")),
         };
         let parsed: Value =
             serde_yaml::from_str(&text).map_err(|e| KubectlError::msg(format!("invalid patch: {e}")))?;

@@ -524,7 +524,9 @@ async fn sync_containers(
     // The pod's /etc/hosts and /etc/resolv.conf, mounted into each of its containers.
     let dns_binds = crate::dns::write_files(pod, &pod_ip, &k.dns, &volumes::pod_dir(&k.root_dir, uid))
         .context("writing the pod's /etc/hosts and /etc/resolv.conf")?;
-    let runtime = runtime_handler(k, pod).await?;
+    // The RuntimeClass is read only when a container is about to start.
+    let starts = steps.iter().any(|s| matches!(s, ContainerAction::Start(_)));
+    let runtime = if starts { runtime_handler(k, pod).await? } else { None };
     let cx = PodContext {
         runtime,
         sandbox_id: sandbox.id.clone(),

@@ -126,18 +126,17 @@ impl Strategy for CrdStrategy {
 
 /// The strategy of one custom resource version.
 pub struct CustomStrategy {
-    pub schema: Value,
-    /// The schema with its CEL rules compiled.
+    /// The version's schema, with its CEL rules and patterns compiled.
     pub validator: Validator,
     pub scale: Option<(String, String, String)>,
 }
 
 impl Strategy for CustomStrategy {
     fn prepare_for_create(&self, obj: &mut Value) {
-        apply_defaults(obj, &self.schema);
+        apply_defaults(obj, self.validator.schema());
     }
     fn prepare_for_update(&self, new: &mut Value, _old: &Value) {
-        apply_defaults(new, &self.schema);
+        apply_defaults(new, self.validator.schema());
     }
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
         self.validator.validate(obj, None)
@@ -335,11 +334,8 @@ pub fn resource_defs(crd: &Value) -> Vec<&'static ResourceDef> {
                 (g("name"), g("type"), g("jsonPath"), c.get("priority").and_then(Value::as_i64).unwrap_or(0))
             })
             .collect();
-        let strategy: &'static CustomStrategy = Box::leak(Box::new(CustomStrategy {
-            schema: schema.clone(),
-            validator: Validator::new(schema.clone()),
-            scale,
-        }));
+        let strategy: &'static CustomStrategy =
+            Box::leak(Box::new(CustomStrategy { validator: Validator::new(schema.clone()), scale }));
         let version: &'static str = leak(version.to_string());
         let storage_version = storage_version.filter(|s| *s != version);
         let custom: &'static CustomInfo =

@@ -35,10 +35,15 @@ struct Rule {
     field_path: Option<String>,
 }
 
-/// A version's schema with its CEL rules compiled, keyed by the schema node they sit on.
+/// A version's schema with its CEL rules and patterns compiled, keyed by the schema node
+/// (rules) and the pattern's text (patterns).
 pub struct Validator {
     schema: Value,
+    /// The schema without the root's `apiVersion`, `kind` and `metadata` (checked by the
+    /// apiserver itself), what objects are validated against.
+    body_schema: Value,
     rules: HashMap<String, Vec<Rule>>,
+    patterns: HashMap<String, regex::Regex>,
 }
 
 impl Validator {
@@ -52,7 +57,20 @@ impl Validator {
                 rules.insert(node.to_string(), compiled);
             }
         });
-        Validator { schema, rules }
+        let mut patterns = HashMap::new();
+        collect_patterns(&schema, &mut patterns);
+        let mut body_schema = schema.clone();
+        if let Some(props) = body_schema.get_mut("properties").and_then(Value::as_object_mut) {
+            props.remove("metadata");
+            props.remove("apiVersion");
+            props.remove("kind");
+        }
+        Validator { schema, body_schema, rules, patterns }
+    }
+
+    /// The schema as the CRD declares it.
+    pub fn schema(&self) -> &Value {
+        &self.schema
     }
 
     /// Validate an object (create) or an object and the one it replaces (update).
@@ -67,15 +85,9 @@ impl Validator {
             }
             body
         };
-        let mut schema = self.schema.clone();
-        if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
-            props.remove("metadata");
-            props.remove("apiVersion");
-            props.remove("kind");
-        }
         let (body, old_body) = (strip(obj), old.map(strip));
-        let cx = Cx { rules: &self.rules };
-        cx.value(&body, old_body.as_ref(), &schema, "", "", &mut errs);
+        let cx = Cx { rules: &self.rules, patterns: &self.patterns };
+        cx.value(&body, old_body.as_ref(), &self.body_schema, "", "", &mut errs);
         // Rules on the root see the type and the object's name.
         if let Some(rules) = self.rules.get("") {
             let root = |o: &Value| {
@@ -102,6 +114,30 @@ impl Validator {
 
 struct Cx<'a> {
     rules: &'a HashMap<String, Vec<Rule>>,
+    patterns: &'a HashMap<String, regex::Regex>,
+}
+
+/// Compile every `pattern` of a schema once (ones that do not compile are left out: the
+/// CRD holding them was refused by [`check_crd_schema`]).
+fn collect_patterns(schema: &Value, out: &mut HashMap<String, regex::Regex>) {
+    match schema {
+        Value::Object(m) => {
+            if let Some(p) = m.get("pattern").and_then(Value::as_str) {
+                if let Ok(re) = regex::Regex::new(p) {
+                    out.insert(p.to_string(), re);
+                }
+            }
+            // Every nested schema (properties, items, combinators, …), skipping defaults
+            // and enums that may hold a property called `pattern`.
+            for (k, v) in m {
+                if !matches!(k.as_str(), "default" | "enum" | "example") {
+                    collect_patterns(v, out);
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| collect_patterns(v, out)),
+        _ => {}
+    }
 }
 
 fn is_true(schema: &Value, key: &str) -> bool {
@@ -154,7 +190,7 @@ impl Cx<'_> {
                 errs.push(FieldError::not_supported(path, v, &list));
             }
         }
-        keywords(v, schema, path, errs);
+        keywords(v, schema, path, self.patterns, errs);
         for (key, what) in [("allOf", 0), ("anyOf", 1), ("oneOf", 2)] {
             let Some(subs) = schema.get(key).and_then(Value::as_array) else { continue };
             let passing = subs
@@ -236,7 +272,13 @@ impl Cx<'_> {
 }
 
 /// The keywords that constrain a value's size, range or form.
-fn keywords(v: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
+fn keywords(
+    v: &Value,
+    schema: &Value,
+    path: &str,
+    patterns: &HashMap<String, regex::Regex>,
+    errs: &mut Vec<FieldError>,
+) {
     let num = |k: &str| schema.get(k).and_then(Value::as_f64);
     let int = |k: &str| schema.get(k).and_then(Value::as_u64);
     let shown = |n: f64| if n.fract() == 0.0 && n.abs() < 1e15 { format!("{}", n as i64) } else { n.to_string() };
@@ -287,7 +329,7 @@ fn keywords(v: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
                 errs.push(FieldError::invalid(path, v, &format!("{path} in body should be at least {min} chars long")));
             }
             if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
-                if regex::Regex::new(p).is_ok_and(|re| !re.is_match(s)) {
+                if patterns.get(p).is_some_and(|re| !re.is_match(s)) {
                     errs.push(FieldError::invalid(path, v, &format!("{path} in body should match '{p}'")));
                 }
             }

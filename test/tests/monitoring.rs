@@ -234,7 +234,10 @@ fn prometheus_discovers_and_scrapes_the_cluster() {
                 .iter()
                 .all(|(job, who)| t.iter().any(|(j, w, h)| j == job && (who.is_empty() || w == who) && h == "up"));
             let wrong_down = t.iter().any(|(j, w, h)| j == "pods" && w == "wrong-port" && h == "down");
-            (all && wrong_down).then_some(t)
+            // A target Prometheus found but has not scraped yet reads "unknown"; wait for its
+            // first scrape rather than judge it.
+            let all_scraped = t.iter().all(|(_, _, h)| h != "unknown");
+            (all && wrong_down && all_scraped).then_some(t)
         },
         || format!("targets: {:#?}\nprometheus log:\n{}", targets(&url), tail("prometheus")),
     );

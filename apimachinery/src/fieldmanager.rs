@@ -208,6 +208,101 @@ pub fn to_fields_v1(set: &FieldSet) -> Value {
     Value::Object(root)
 }
 
+/// What a create owns, as `FieldsV1`: `to_fields_v1(&all_paths(&strip_unmanaged(obj), schema))`
+/// built in one walk of the object, without copying it or collecting paths first (the
+/// create path of every write pays for this).
+pub fn created_fields_v1(obj: &Value, schema: Schema<'_>) -> Value {
+    let mut root = Map::new();
+    let Some(top) = obj.as_object() else { return Value::Object(root) };
+    for (k, x) in top {
+        if is_unmanaged_top(k) {
+            continue;
+        }
+        if let (true, Some(meta)) = (k == "metadata", x.as_object()) {
+            // Managed metadata only; metadata holding nothing else is not there at all.
+            let (sub, _) = schema.field(k);
+            let mut node = Map::new();
+            let mut any = false;
+            for (mk, mx) in meta.iter().filter(|(mk, _)| !is_unmanaged_meta(mk)) {
+                any = true;
+                add_created_field(&mut node, mk, mx, sub);
+            }
+            if any {
+                if !sub.is_struct() {
+                    node.insert(".".into(), json!({}));
+                }
+                merge_nodes(&mut root, format!("f:{k}"), node);
+            }
+            continue;
+        }
+        add_created_field(&mut root, k, x, schema);
+    }
+    Value::Object(root)
+}
+
+/// Add field `k` (value `x`) of an object whose schema is `parent` to `node`.
+fn add_created_field(node: &mut Map<String, Value>, k: &str, x: &Value, parent: Schema<'_>) {
+    let (sub, meta) = parent.field(k);
+    let child = match x {
+        Value::Object(o) if !o.is_empty() => {
+            let mut child = created_children(o, sub);
+            // A map (not a struct) is itself a member.
+            if !sub.is_struct() {
+                child.insert(".".into(), json!({}));
+            }
+            child
+        }
+        Value::Array(items) if !items.is_empty() => match list_kind(&meta, items) {
+            ListKind::Keyed(key) => {
+                let mut child = Map::new();
+                for item in items {
+                    // Keyed lists hold objects only (list_kind checks); each element is a member.
+                    let mut element = item.as_object().map(|o| created_children(o, sub.items())).unwrap_or_default();
+                    if !element.is_empty() {
+                        element.insert(".".into(), json!({}));
+                    }
+                    merge_nodes(&mut child, format!("k:{}", key_of(item, key)), element);
+                }
+                child
+            }
+            ListKind::Set => items
+                .iter()
+                .map(|item| (format!("v:{}", serde_json::to_string(item).unwrap_or_default()), json!({})))
+                .collect(),
+            ListKind::Atomic => Map::new(),
+        },
+        _ => Map::new(),
+    };
+    merge_nodes(node, format!("f:{k}"), child);
+}
+
+fn created_children(o: &Map<String, Value>, schema: Schema<'_>) -> Map<String, Value> {
+    let mut node = Map::new();
+    for (k, x) in o {
+        add_created_field(&mut node, k, x, schema);
+    }
+    node
+}
+
+/// Put `child` at `key` in `node`, merging with what is there (two elements of a keyed list
+/// with the same key own the union of their fields).
+fn merge_nodes(node: &mut Map<String, Value>, key: String, child: Map<String, Value>) {
+    match node.get_mut(&key).and_then(Value::as_object_mut) {
+        Some(existing) => {
+            for (k, v) in child {
+                let v = match v {
+                    Value::Object(m) => m,
+                    _ => Map::new(),
+                };
+                merge_nodes(existing, k, v);
+            }
+        }
+        None => {
+            node.insert(key, Value::Object(child));
+        }
+    }
+}
+
 /// Decode `FieldsV1` into a field set.
 pub fn from_fields_v1(v: &Value) -> FieldSet {
     fn go(m: &Map<String, Value>, path: &mut Path, out: &mut FieldSet) {
@@ -543,8 +638,23 @@ fn tracked(obj: &Value, subresource: Option<&str>) -> Value {
 /// gets the time; managers left owning nothing are dropped. A write that changes nothing
 /// leaves the entries as they were.
 pub fn update(old: &Value, new: &Value, managed: &[Value], schema: Schema<'_>, req: &UpdateRequest<'_>) -> Vec<Value> {
-    let (old_t, new_t) = (tracked(old, req.subresource), tracked(new, req.subresource));
-    let (removed, changed): (FieldSet, FieldSet) = if old_t.as_object().is_none_or(|m| m.is_empty()) {
+    let entry = |fields_v1: Value| {
+        let mut e = json!({"manager": req.manager, "operation": "Update", "apiVersion": req.api_version,
+                           "time": req.now, "fieldsType": "FieldsV1", "fieldsV1": fields_v1});
+        if let Some(sub) = req.subresource {
+            e["subresource"] = json!(sub);
+        }
+        e
+    };
+    let old_t = tracked(old, req.subresource);
+    let created = old_t.as_object().is_none_or(|m| m.is_empty());
+    if created && managed.is_empty() && req.subresource.is_none() {
+        // A plain create: everything is the creator's, and there is nobody else to update.
+        let fields = created_fields_v1(new, schema);
+        return if fields.as_object().is_some_and(|m| !m.is_empty()) { vec![entry(fields)] } else { Vec::new() };
+    }
+    let new_t = tracked(new, req.subresource);
+    let (removed, changed): (FieldSet, FieldSet) = if created {
         // A create: everything is added.
         (FieldSet::new(), all_paths(&new_t, schema))
     } else {
@@ -573,21 +683,13 @@ pub fn update(old: &Value, new: &Value, managed: &[Value], schema: Schema<'_>, r
     let mine_set = |previous: FieldSet| -> FieldSet {
         previous.difference(&removed).cloned().chain(changed.iter().cloned()).collect()
     };
-    let entry = |set: &FieldSet| {
-        let mut e = json!({"manager": req.manager, "operation": "Update", "apiVersion": req.api_version,
-                           "time": req.now, "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(set)});
-        if let Some(sub) = req.subresource {
-            e["subresource"] = json!(sub);
-        }
-        e
-    };
     let mut out = Vec::new();
     let mut placed = false;
     for e in managed {
         let set = from_fields_v1(e.get("fieldsV1").unwrap_or(&Value::Null));
         if is_mine(e) {
             if !placed {
-                out.push(entry(&mine_set(set)));
+                out.push(entry(to_fields_v1(&mine_set(set))));
                 placed = true;
             }
             continue;
@@ -605,7 +707,7 @@ pub fn update(old: &Value, new: &Value, managed: &[Value], schema: Schema<'_>, r
     if !placed {
         let set = mine_set(FieldSet::new());
         if !set.is_empty() {
-            out.push(entry(&set));
+            out.push(entry(to_fields_v1(&set)));
         }
     }
     out
@@ -688,6 +790,29 @@ mod tests {
         assert!(mf4.iter().all(|e| !from_fields_v1(&e["fieldsV1"])
             .iter()
             .any(|p| p.len() > 1 && p[1] == Elem::Field("labels".into()))));
+    }
+
+    #[test]
+    fn a_create_s_fields_built_in_one_walk_equal_the_path_set_s() {
+        let d = defs();
+        let root = d["D"].clone();
+        let s = Schema::new(&d, &root);
+        for obj in [
+            json!({}),
+            json!({"apiVersion": "v1", "kind": "D", "metadata": {"name": "x", "uid": "u"}, "status": {"ready": 1}}),
+            json!({"metadata": {"name": "x", "labels": {"a": "1", "b": "2"}, "annotations": {}},
+                   "spec": {"replicas": 1, "containers": [{"name": "web", "image": "v1", "env": [{"name": "A"}]},
+                                                          {"name": "side"}, {"name": "web", "ports": [80]}, {}],
+                            "args": ["a", "b"], "empty": {}, "list": [], "nested": {"m": {"k": {}}}}}),
+            json!({"spec": {"containers": [], "args": [], "free": {"a": [{"b": 1}], "c": null}}}),
+        ] {
+            let want = to_fields_v1(&all_paths(&strip_unmanaged(&obj), s));
+            assert_eq!(created_fields_v1(&obj, s), want, "{obj}");
+            assert_eq!(
+                created_fields_v1(&obj, Schema::none()),
+                to_fields_v1(&all_paths(&strip_unmanaged(&obj), Schema::none()))
+            );
+        }
     }
 
     #[test]

@@ -677,10 +677,10 @@ mod tests {
     fn normalize_detects_wrong_shapes() {
         let ok = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": [{"name": "c", "image": "i"}]}, "bogus": 1});
         let pods = find("", "v1", "pods").unwrap();
-        let out = (pods.normalize)(pods, ok).unwrap();
+        let out = (pods.normalize)(pods, &ok).unwrap();
         assert!(out.get("bogus").is_none());
         let bad = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": "nope"}});
-        let err = (pods.normalize)(pods, bad).unwrap_err();
+        let err = (pods.normalize)(pods, &bad).unwrap_err();
         assert!(err.contains("spec.containers"), "{err}");
     }
 }

@@ -66,7 +66,7 @@ const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
 /// generateName).
 pub fn validate_object_meta(obj: &Value, rule: NameRule, namespaced: bool) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
+    let meta = obj.get("metadata").unwrap_or(&Value::Null);
     let name = meta.get("name").and_then(Value::as_str).unwrap_or_default();
     if name.is_empty() {
         errs.push(FieldError::required("metadata.name", "name or generateName is required"));

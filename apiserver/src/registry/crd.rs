@@ -252,7 +252,8 @@ pub fn prune(v: &mut Value, schema: &Value, root: bool) {
 }
 
 /// The typed decode of a custom resource: prune by the schema of its version.
-fn normalize_custom(res: &ResourceDef, mut v: Value) -> Result<Value, String> {
+fn normalize_custom(res: &ResourceDef, v: &Value) -> Result<Value, String> {
+    let mut v = v.clone();
     if let Some(info) = res.custom {
         prune(&mut v, &info.schema, true);
     }

@@ -492,15 +492,14 @@ impl Registry {
                 ns,
             )?;
         }
-        let input = body.clone();
-        let normalized = (res.normalize)(res, body).map_err(|e| {
+        let normalized = (res.normalize)(res, &body).map_err(|e| {
             ApiError::bad_request(format!(
                 "{} in version \"{}\" cannot be handled as a {}: {e}",
                 res.kind, res.version, res.kind
             ))
         })?;
         let mut unknown = Vec::new();
-        unknown_fields(&input, &normalized, "", &mut unknown);
+        unknown_fields(&body, &normalized, "", &mut unknown);
         let mut warnings = Vec::new();
         match fv {
             FieldValidation::Strict if !unknown.is_empty() => {

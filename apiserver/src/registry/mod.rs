@@ -24,21 +24,21 @@ pub mod workloads;
 
 /// Decode into the k8s-openapi type and re-encode: rejects wrong shapes (with a field
 /// path) and drops unknown fields, as Kubernetes' typed decoding does.
-pub type NormalizeFn = fn(&ResourceDef, Value) -> Result<Value, String>;
+pub type NormalizeFn = fn(&ResourceDef, &Value) -> Result<Value, String>;
 
 /// The OpenAPI schema of the kind: a `$ref` into the generator's definitions (only the
 /// generator of the committed OpenAPI documents, a test, calls it).
 #[cfg(test)]
 pub type SchemaFn = fn(&mut schemars::SchemaGenerator) -> schemars::Schema;
 
-pub fn normalize_as<T>(_res: &ResourceDef, v: Value) -> Result<Value, String>
+pub fn normalize_as<T>(_res: &ResourceDef, v: &Value) -> Result<Value, String>
 where
     T: serde::de::DeserializeOwned + serde::Serialize,
 {
     // Fast path without path tracking; only a failure is decoded again for its path.
-    let typed: T = match T::deserialize(&v) {
+    let typed: T = match T::deserialize(v) {
         Ok(t) => t,
-        Err(_) => serde_path_to_error::deserialize(&v).map_err(|e| {
+        Err(_) => serde_path_to_error::deserialize(v).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             if path.is_empty() || path == "." {

@@ -140,43 +140,136 @@ fn walk<'a>(
         return;
     }
     for (k, x) in m {
-        let (sub, meta) = schema.field(k);
-        path.push(Elem::Field(k.clone()));
-        match x {
-            Value::Object(_) => {
-                if containers && !sub.is_struct() {
+        walk_field(k, x, schema, path, containers, out);
+    }
+}
+
+/// [`walk`] for one field `k` (value `x`) of an object whose schema is `parent`.
+fn walk_field<'a>(
+    k: &str,
+    x: &'a Value,
+    parent: Schema<'_>,
+    path: &mut Path,
+    containers: bool,
+    out: &mut dyn FnMut(&Path, &'a Value),
+) {
+    let (sub, meta) = parent.field(k);
+    path.push(Elem::Field(k.to_string()));
+    match x {
+        Value::Object(_) => {
+            if containers && !sub.is_struct() {
+                out(path, x);
+            }
+            walk(x, sub, path, containers, out)
+        }
+        Value::Array(items) => match list_kind(&meta, items) {
+            ListKind::Keyed(key) => {
+                if items.is_empty() {
                     out(path, x);
                 }
-                walk(x, sub, path, containers, out)
+                for item in items {
+                    path.push(Elem::Key(key_of(item, key)));
+                    out(path, item);
+                    walk(item, sub.items(), path, containers, out);
+                    path.pop();
+                }
             }
-            Value::Array(items) => match list_kind(&meta, items) {
-                ListKind::Keyed(key) => {
-                    if items.is_empty() {
-                        out(path, x);
-                    }
-                    for item in items {
-                        path.push(Elem::Key(key_of(item, key)));
-                        out(path, item);
-                        walk(item, sub.items(), path, containers, out);
-                        path.pop();
-                    }
+            ListKind::Set => {
+                if items.is_empty() {
+                    out(path, x);
                 }
-                ListKind::Set => {
-                    if items.is_empty() {
-                        out(path, x);
-                    }
-                    for item in items {
-                        path.push(Elem::Value(serde_json::to_string(item).unwrap_or_default()));
-                        out(path, item);
-                        path.pop();
-                    }
+                for item in items {
+                    path.push(Elem::Value(serde_json::to_string(item).unwrap_or_default()));
+                    out(path, item);
+                    path.pop();
                 }
-                ListKind::Atomic => out(path, x),
-            },
-            _ => out(path, x),
-        }
-        path.pop();
+            }
+            ListKind::Atomic => out(path, x),
+        },
+        _ => out(path, x),
     }
+    path.pop();
+}
+
+/// What an update from `old` to `new` did to their paths: (removed, changed) — the paths
+/// only `old` has, and those `new` added or gave another value (a map whose members
+/// changed is not itself changed). The answer comparing every path of both would give,
+/// but fields equal in both are skipped without listing their paths, so a write that
+/// changes one condition of a large object costs about what that condition costs.
+fn diff(old: &Value, new: &Value, schema: Schema<'_>) -> (FieldSet, FieldSet) {
+    let mut d = (FieldSet::new(), FieldSet::new());
+    match (old.as_object(), new.as_object()) {
+        (Some(a), Some(b)) => diff_maps(a, b, schema, &mut Vec::new(), &mut d),
+        _ => {
+            let (before, after) = (all_values(old, schema), all_values(new, schema));
+            compare(&before, &after, &mut d);
+        }
+    }
+    d
+}
+
+fn diff_maps(
+    a: &Map<String, Value>,
+    b: &Map<String, Value>,
+    schema: Schema<'_>,
+    path: &mut Path,
+    d: &mut (FieldSet, FieldSet),
+) {
+    for (k, x) in a {
+        match b.get(k) {
+            None => walk_field(k, x, schema, path, true, &mut |p, _| {
+                d.0.insert(p.clone());
+            }),
+            Some(y) if x == y => {}
+            Some(y) => diff_field(k, x, y, schema, path, d),
+        }
+    }
+    for (k, y) in b.iter().filter(|(k, _)| !a.contains_key(*k)) {
+        walk_field(k, y, schema, path, true, &mut |p, _| {
+            d.1.insert(p.clone());
+        });
+    }
+}
+
+/// Field `k` differs (`x` before, `y` after).
+fn diff_field(k: &str, x: &Value, y: &Value, parent: Schema<'_>, path: &mut Path, d: &mut (FieldSet, FieldSet)) {
+    if let (Some(a), Some(b)) = (x.as_object(), y.as_object()) {
+        if !a.is_empty() && !b.is_empty() {
+            // Both non-empty maps: the map's own path (if it has one) is in both and
+            // unchanged; only its members can differ.
+            let (sub, _) = parent.field(k);
+            path.push(Elem::Field(k.to_string()));
+            diff_maps(a, b, sub, path, d);
+            path.pop();
+            return;
+        }
+    }
+    // Lists, scalars, and maps becoming or ceasing to be empty: compare the field's paths.
+    let (mut before, mut after) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
+    walk_field(k, x, parent, path, true, &mut |p, v| {
+        before.insert(p.clone(), v);
+    });
+    walk_field(k, y, parent, path, true, &mut |p, v| {
+        after.insert(p.clone(), v);
+    });
+    compare(&before, &after, d);
+}
+
+fn compare(
+    before: &std::collections::BTreeMap<Path, &Value>,
+    after: &std::collections::BTreeMap<Path, &Value>,
+    d: &mut (FieldSet, FieldSet),
+) {
+    d.0.extend(before.keys().filter(|p| !after.contains_key(*p)).cloned());
+    d.1.extend(
+        after
+            .iter()
+            .filter(|(p, b)| match before.get(*p) {
+                None => true,
+                Some(a) => a != *b && !(a.is_object() && b.is_object()),
+            })
+            .map(|(p, _)| p.clone()),
+    );
 }
 
 fn elem_key(e: &Elem) -> String {
@@ -658,17 +751,7 @@ pub fn update(old: &Value, new: &Value, managed: &[Value], schema: Schema<'_>, r
         // A create: everything is added.
         (FieldSet::new(), all_paths(&new_t, schema))
     } else {
-        let (before, after) = (all_values(&old_t, schema), all_values(&new_t, schema));
-        let removed = before.keys().filter(|p| !after.contains_key(*p)).cloned().collect();
-        let changed = after
-            .iter()
-            .filter(|(p, b)| match before.get(*p) {
-                None => true,
-                Some(a) => a != *b && !(a.is_object() && b.is_object()),
-            })
-            .map(|(p, _)| p.clone())
-            .collect();
-        (removed, changed)
+        diff(&old_t, &new_t, schema)
     };
     if changed.is_empty() && removed.is_empty() {
         return managed.to_vec();
@@ -790,6 +873,40 @@ mod tests {
         assert!(mf4.iter().all(|e| !from_fields_v1(&e["fieldsV1"])
             .iter()
             .any(|p| p.len() > 1 && p[1] == Elem::Field("labels".into()))));
+    }
+
+    /// The comparison of every path of both objects, which [`diff`] must agree with.
+    fn diff_all(old: &Value, new: &Value, schema: Schema<'_>) -> (FieldSet, FieldSet) {
+        let mut d = (FieldSet::new(), FieldSet::new());
+        compare(&all_values(old, schema), &all_values(new, schema), &mut d);
+        d
+    }
+
+    #[test]
+    fn an_update_s_diff_skipping_equal_fields_equals_the_full_comparison() {
+        let d = defs();
+        let root = d["D"].clone();
+        let s = Schema::new(&d, &root);
+        let objects = [
+            json!({}),
+            json!({"metadata": {"labels": {"a": "1"}}}),
+            json!({"metadata": {"labels": {}}, "spec": {}}),
+            json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"replicas": 1,
+                   "containers": [{"name": "web", "image": "v1"}], "args": ["a"]}}),
+            json!({"metadata": {"labels": {"a": "2"}}, "spec": {"replicas": 2,
+                   "containers": [{"name": "web", "image": "v2"}, {"name": "side"}], "args": ["a", "b"]}}),
+            json!({"metadata": {"labels": {"a": "2"}}, "spec": {"replicas": {"odd": true},
+                   "containers": [{"name": "web"}, {"name": "web", "image": "x"}], "args": []}}),
+            json!({"spec": {"containers": [], "free": {"m": {"k": 1}, "e": {}}}}),
+            json!({"spec": {"containers": "not a list", "free": {"m": {}, "e": {"x": [1]}}}}),
+            json!({"status": {"ready": 1}, "spec": {"free": {"m": {"k": 2}}}}),
+        ];
+        for a in &objects {
+            for b in &objects {
+                assert_eq!(diff(a, b, s), diff_all(a, b, s), "{a} -> {b}");
+                assert_eq!(diff(a, b, Schema::none()), diff_all(a, b, Schema::none()), "{a} -> {b}, no schema");
+            }
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //!     BENCH_APISERVER_BIN=/path/to/older/apiserver cargo bench -p e2e --bench apiserver  # before/after
 //!
 //! Figures: pod creates/s from one keep-alive client (with p50/p99 latency) and from 16,
-//! gets/s, a full list of 10,000 pods, and watch delivery latency (create issued → event
+//! pod status patches/s (a kubelet's condition write), gets/s, a full list of 10,000 pods, and watch delivery latency (create issued → event
 //! received) with 1,000 concurrent watchers. The storage layer's create rate with the same
 //! concurrency and a stored pod's size is the baseline; the "HTTP floor" rows are the same
 //! client call answered by a bare HTTP server, the most any apiserver could do. `memory`: the apiserver's resident
@@ -21,7 +21,7 @@ use bytes::Bytes;
 use e2e::ApiServer;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 use storage::Store;
 
@@ -156,6 +156,29 @@ async fn bench_backend(server: &ApiServer, store: Arc<dyn Store>) -> Figures {
             format!("{bare:.0}/s (ours: {:.0}%)", rate / bare * 100.0),
             format!("{raw:.0}/s"),
             format!("{:.0}%", bare / raw * 100.0),
+        );
+    }
+
+    // Status writes as a kubelet makes them (a strategic merge patch of a condition), over
+    // 100 pods: the update path (read, patch, field ownership, guarded write).
+    for concurrency in [1usize, 16] {
+        let p = pods.clone();
+        let (rate, lat) = run(concurrency, move |n| {
+            let p = p.clone();
+            async move {
+                let status = json!({"status": {"conditions": [
+                    {"type": "Ready", "status": "False", "reason": "Bench", "message": format!("write {n}")}]}});
+                p.patch_status(&format!("c1-{}", n % 100), &PatchParams::default(), &Patch::Strategic(status))
+                    .await
+                    .expect("patch status");
+            }
+        })
+        .await;
+        f.row(
+            &format!("pod status patches/s, {concurrency} client(s)"),
+            format!("{rate:.0}/s p50 {:.2} p99 {:.2} ms", percentile(&lat, 0.5), percentile(&lat, 0.99)),
+            "-".into(),
+            "-".into(),
         );
     }
 

@@ -85,6 +85,26 @@ async fn storage_rate(store: Arc<dyn Store>, concurrency: usize, value: Bytes) -
     .0
 }
 
+/// [`storage_rate`] while one watcher receives every write, as the apiserver's own watch
+/// of its keys (the watch cache) receives every create: the storage layer's fan-out is part
+/// of what a create costs the store.
+async fn storage_rate_watched(store: Arc<dyn Store>, concurrency: usize, value: Bytes) -> f64 {
+    let prefix = format!("/bench/watched/c{concurrency}/");
+    let from = store.current_revision().await.expect("revision");
+    let mut events = store.watch(&prefix, from).await.expect("watch");
+    let drain = tokio::spawn(async move { while let Some(Ok(_)) = events.next().await {} });
+    let rate = run(concurrency, move |n| {
+        let (store, value, key) = (store.clone(), value.clone(), format!("{prefix}{n:09}"));
+        async move {
+            store.create(&key, value).await.expect("storage create");
+        }
+    })
+    .await
+    .0;
+    drain.abort();
+    rate
+}
+
 /// The floor under any apiserver on this machine: a bare HTTP server (axum, on its own
 /// runtime thread, as another process would be) answering every request with a stored
 /// pod's bytes, driven by the same kube client call as the creates. What the apiserver adds
@@ -149,6 +169,13 @@ async fn bench_backend(server: &ApiServer, store: Arc<dyn Store>) -> Figures {
             format!("{rate:.0}/s p50 {:.2} p99 {:.2} ms", percentile(&lat, 0.5), percentile(&lat, 0.99)),
             format!("{raw:.0}/s"),
             format!("{:.0}%", rate / raw * 100.0),
+        );
+        let watched = storage_rate_watched(store.clone(), concurrency, value.clone()).await;
+        f.row(
+            "  (baseline with a watcher on the keys)",
+            String::new(),
+            format!("{watched:.0}/s"),
+            format!("{:.0}%", rate / watched * 100.0),
         );
         let (bare, _) = creates(&floor, concurrency, "f".into()).await;
         f.row(

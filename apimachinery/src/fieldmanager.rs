@@ -732,12 +732,19 @@ fn tracked(obj: &Value, subresource: Option<&str>) -> Value {
 /// leaves the entries as they were.
 pub fn update(old: &Value, new: &Value, managed: &[Value], schema: Schema<'_>, req: &UpdateRequest<'_>) -> Vec<Value> {
     let entry = |fields_v1: Value| {
-        let mut e = json!({"manager": req.manager, "operation": "Update", "apiVersion": req.api_version,
-                           "time": req.now, "fieldsType": "FieldsV1", "fieldsV1": fields_v1});
+        // Built by hand: `json!` would copy the field set through serialization.
+        let s = |v: &str| Value::String(v.to_string());
+        let mut e = Map::new();
+        e.insert("manager".into(), s(req.manager));
+        e.insert("operation".into(), s("Update"));
+        e.insert("apiVersion".into(), s(req.api_version));
+        e.insert("time".into(), s(req.now));
+        e.insert("fieldsType".into(), s("FieldsV1"));
+        e.insert("fieldsV1".into(), fields_v1);
         if let Some(sub) = req.subresource {
-            e["subresource"] = json!(sub);
+            e.insert("subresource".into(), s(sub));
         }
-        e
+        Value::Object(e)
     };
     let old_t = tracked(old, req.subresource);
     let created = old_t.as_object().is_none_or(|m| m.is_empty());

@@ -103,18 +103,9 @@ pub fn field_set(config: &Value, schema: Schema<'_>) -> FieldSet {
     out
 }
 
-/// Every path of an object: its leaves, its list elements and the maps (not the structs)
-/// above them — what a write of the whole object touches, as Kubernetes' comparison of two
-/// objects sees it.
-pub fn all_paths(obj: &Value, schema: Schema<'_>) -> FieldSet {
-    let mut out = FieldSet::new();
-    walk(obj, schema, &mut Vec::new(), true, &mut |p, _| {
-        out.insert(p.clone());
-    });
-    out
-}
-
-/// [`all_paths`] with the value at each path.
+/// Every path of an object with its value: its leaves, its list elements and the maps (not
+/// the structs) above them — what a write of the whole object touches, as Kubernetes'
+/// comparison of two objects sees it.
 fn all_values<'a>(obj: &'a Value, schema: Schema<'_>) -> std::collections::BTreeMap<Path, &'a Value> {
     let mut out = std::collections::BTreeMap::new();
     walk(obj, schema, &mut Vec::new(), true, &mut |p, v| {
@@ -301,9 +292,9 @@ pub fn to_fields_v1(set: &FieldSet) -> Value {
     Value::Object(root)
 }
 
-/// What a create owns, as `FieldsV1`: `to_fields_v1(&all_paths(&strip_unmanaged(obj), schema))`
-/// built in one walk of the object, without copying it or collecting paths first (the
-/// create path of every write pays for this).
+/// What a create owns, as `FieldsV1`: every path of the object's managed part (as
+/// [`update`]'s comparison with `{}` lists them), built in one walk of the object without
+/// copying it or collecting paths first (every create pays for this).
 pub fn created_fields_v1(obj: &Value, schema: Schema<'_>) -> Value {
     let mut root = Map::new();
     let Some(top) = obj.as_object() else { return Value::Object(root) };
@@ -315,16 +306,14 @@ pub fn created_fields_v1(obj: &Value, schema: Schema<'_>) -> Value {
             // Managed metadata only; metadata holding nothing else is not there at all.
             let (sub, _) = schema.field(k);
             let mut node = Map::new();
-            let mut any = false;
             for (mk, mx) in meta.iter().filter(|(mk, _)| !is_unmanaged_meta(mk)) {
-                any = true;
                 add_created_field(&mut node, mk, mx, sub);
             }
-            if any {
+            if !node.is_empty() {
                 if !sub.is_struct() {
                     node.insert(".".into(), json!({}));
                 }
-                merge_nodes(&mut root, format!("f:{k}"), node);
+                root.insert(format!("f:{k}"), Value::Object(node));
             }
             continue;
         }
@@ -753,13 +742,8 @@ pub fn update(old: &Value, new: &Value, managed: &[Value], schema: Schema<'_>, r
         let fields = created_fields_v1(new, schema);
         return if fields.as_object().is_some_and(|m| !m.is_empty()) { vec![entry(fields)] } else { Vec::new() };
     }
-    let new_t = tracked(new, req.subresource);
-    let (removed, changed): (FieldSet, FieldSet) = if created {
-        // A create: everything is added.
-        (FieldSet::new(), all_paths(&new_t, schema))
-    } else {
-        diff(&old_t, &new_t, schema)
-    };
+    // From `{}` (a create) everything is added.
+    let (removed, changed) = diff(&old_t, &tracked(new, req.subresource), schema);
     if changed.is_empty() && removed.is_empty() {
         return managed.to_vec();
     }
@@ -880,6 +864,11 @@ mod tests {
         assert!(mf4.iter().all(|e| !from_fields_v1(&e["fieldsV1"])
             .iter()
             .any(|p| p.len() > 1 && p[1] == Elem::Field("labels".into()))));
+    }
+
+    /// Every path of an object (what a create owns).
+    fn all_paths(obj: &Value, schema: Schema<'_>) -> FieldSet {
+        all_values(obj, schema).into_keys().collect()
     }
 
     /// The comparison of every path of both objects, which [`diff`] must agree with.

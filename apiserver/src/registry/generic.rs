@@ -315,17 +315,16 @@ pub fn decode(kv: &KeyValue) -> ApiResult<Value> {
 fn record_update(res: &ResourceDef, old: &Value, new: &mut Value, manager: &str, subresource: Option<&str>) {
     let defs = &*crate::openapi::DEFINITIONS;
     let schema = defs.schema_of(res.group, res.version, res.kind).map_or_else(Schema::none, |r| Schema::new(defs, r));
-    let managed: Vec<Value> =
-        new.pointer("/metadata/managedFields").and_then(Value::as_array).cloned().unwrap_or_default();
+    // Taken out rather than copied: the field manager never tracks managedFields itself.
+    let managed = match new.get_mut("metadata").and_then(Value::as_object_mut).and_then(|m| m.remove("managedFields")) {
+        Some(Value::Array(entries)) => entries,
+        _ => Vec::new(),
+    };
     let api_version = res.api_version();
     let now = now_rfc3339();
     let req = fieldmanager::UpdateRequest { manager, api_version: &api_version, subresource, now: &now };
     let entries = fieldmanager::update(old, new, &managed, schema, &req);
-    if entries.is_empty() {
-        if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
-            m.remove("managedFields");
-        }
-    } else {
+    if !entries.is_empty() {
         set_at(new, "/metadata/managedFields", Value::Array(entries));
     }
 }

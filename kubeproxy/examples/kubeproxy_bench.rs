@@ -345,6 +345,28 @@ fn inner(n: usize, eps: usize, requests: usize) -> anyhow::Result<()> {
                 tx.map_or(0, |tx| tx.ops.len())
             );
         }
+        {
+            // Where an iptables sync's own time goes: the partial sync against rendering and
+            // comparing everything (what the proxy did before, the baseline).
+            let (p0, _) = ports(n, eps, 0, 0, BACKEND_PORTS[1]);
+            let (p1, _) = ports(n, eps, 1, 0, BACKEND_PORTS[1]);
+            let mut table = kubeproxy::iptables::Table::over(Default::default());
+            let t = Instant::now();
+            let full = table.sync(&p0, &cfg).map_or(0, |s| s.len());
+            let from_scratch = t.elapsed();
+            let t = Instant::now();
+            let partial = table.sync(&p1, &cfg).map_or(0, |s| s.len());
+            let one = t.elapsed();
+            let r0 = kubeproxy::iptables::render(&p0, &cfg);
+            let t = Instant::now();
+            let r1 = kubeproxy::iptables::render(&p1, &cfg);
+            let whole = kubeproxy::iptables::restore_input(&r0, &r1).map_or(0, |s| s.len());
+            let baseline = t.elapsed();
+            println!(
+                "iptables  restore input from scratch: {from_scratch:.2?} ({full} bytes); for one endpoint change: partial {one:.2?} ({partial} bytes) vs render everything + compare {baseline:.2?} ({whole} bytes, baseline) = {:.3}x",
+                one.as_secs_f64() / baseline.as_secs_f64()
+            );
+        }
         let modes = std::env::var("KUBEPROXY_BENCH_MODES").unwrap_or_else(|_| "iptables,nftables".into());
         if modes.split(',').any(|m| m == "iptables") {
             bench_mode("iptables", Box::new(Iptables::new(cfg.clone())), n, eps, requests, direct, BACKEND_PORTS[1])?;

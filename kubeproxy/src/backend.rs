@@ -58,27 +58,49 @@ fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
     run_with_input(program, args, "")
 }
 
-/// iptables mode.
+/// iptables mode: every chain on the first sync (and after a failure), then only the
+/// chains that changed ([`iptables::Table`]).
 pub struct Iptables {
     pub cfg: Config,
-    applied: Option<Tables>,
+    /// None until the first sync, and after a failed one: the next sync starts from the
+    /// kernel's chains.
+    table: Option<iptables::Table>,
 }
 
 impl Iptables {
     pub fn new(cfg: Config) -> Self {
-        Iptables { cfg, applied: None }
+        Iptables { cfg, table: None }
     }
 
     /// What the kernel has now, as far as our chains go: their names with unknown content.
     fn kernel_state() -> anyhow::Result<Tables> {
         let mut t = Tables::default();
-        for c in iptables::owned_chains(&run("iptables-save", &["-t", "filter"])?) {
+        for c in Self::our_chains("filter")? {
             t.filter.insert(c, vec!["?".into()]);
         }
-        for c in iptables::owned_chains(&run("iptables-save", &["-t", "nat"])?) {
+        for c in Self::our_chains("nat")? {
             t.nat.insert(c, vec!["?".into()]);
         }
         Ok(t)
+    }
+
+    /// Whether `iptables` is iptables-nft (Debian's default), whose tables `nft` lists.
+    fn is_nft() -> bool {
+        static NFT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *NFT.get_or_init(|| {
+            run("iptables", &["--version"]).is_ok_and(|v| v.contains("nf_tables")) && run("nft", &["--version"]).is_ok()
+        })
+    }
+
+    /// The names of our chains in `table`: from `nft list chains ip` where that lists
+    /// iptables' tables (it reads no rules), else from `iptables-save`.
+    fn our_chains(table: &str) -> anyhow::Result<BTreeSet<String>> {
+        if Self::is_nft() {
+            if let Ok(listing) = run("nft", &["list", "chains", "ip"]) {
+                return Ok(iptables::owned_chains_in_nft_listing(&listing, table));
+            }
+        }
+        Ok(iptables::owned_chains(&run("iptables-save", &["-t", table])?))
     }
 
     fn ensure_jumps() -> anyhow::Result<()> {
@@ -95,20 +117,25 @@ impl Iptables {
         Ok(())
     }
 
-    /// Remove the jump rules and every `KUBE-*` chain (`--cleanup`).
+    /// Remove the jump rules and every `KUBE-*` chain (`--cleanup`), in one restore.
     pub fn cleanup() -> anyhow::Result<()> {
-        for (table, chain, args) in iptables::jump_rules() {
-            let a: Vec<&str> = args.iter().map(String::as_str).collect();
-            let mut del = vec!["-w", "-t", table, "-D", chain];
-            del.extend(&a);
-            while run("iptables", &del).is_ok() {}
+        // Our chains by name, and the rules of the chains the jump rules are in.
+        let found = |table: &str| -> anyhow::Result<(BTreeSet<String>, String)> {
+            let owned = Self::our_chains(table)?;
+            let mut rules = String::new();
+            for chain in iptables::jump_rule_chains(table) {
+                rules.push_str(&run("iptables", &["-w", "-t", table, "-S", chain])?);
+            }
+            Ok((owned, rules))
+        };
+        let (filter, nat) = (found("filter")?, found("nat")?);
+        let input = iptables::cleanup_input(
+            &iptables::Found { owned: filter.0, rules: &filter.1 },
+            &iptables::Found { owned: nat.0, rules: &nat.1 },
+        );
+        if let Some(input) = input {
+            run_with_input("iptables-restore", &["-w", "--noflush"], &input)?;
         }
-        let filter = iptables::owned_chains(&run("iptables-save", &["-t", "filter"])?);
-        let nat = iptables::owned_chains(&run("iptables-save", &["-t", "nat"])?);
-        if filter.is_empty() && nat.is_empty() {
-            return Ok(());
-        }
-        run_with_input("iptables-restore", &["-w", "--noflush"], &iptables::cleanup_input(&filter, &nat))?;
         Ok(())
     }
 }
@@ -119,17 +146,17 @@ impl Backend for Iptables {
     }
 
     fn sync(&mut self, ports: &[Arc<ServicePort>]) -> anyhow::Result<SyncStats> {
-        let desired = iptables::render(ports, &self.cfg);
-        let first = self.applied.is_none();
-        let applied = match self.applied.take() {
-            Some(a) => a,
-            None => Self::kernel_state()?,
+        let first = self.table.is_none();
+        let mut table = match self.table.take() {
+            Some(t) => t,
+            None => iptables::Table::over(Self::kernel_state()?),
         };
-        let mut stats = SyncStats { rules: desired.rule_count(), ..Default::default() };
-        if let Some(input) = iptables::restore_input(&applied, &desired) {
+        let input = table.sync(ports, &self.cfg);
+        let mut stats = SyncStats { rules: table.rule_count(), ..Default::default() };
+        if let Some(input) = input {
             stats.bytes = input.len();
             stats.wrote = true;
-            // On failure `applied` stays None: the next sync starts from the kernel again.
+            // On failure the table is dropped: the next sync starts from the kernel again.
             let t = std::time::Instant::now();
             run_with_input("iptables-restore", &["-w", "--noflush"], &input)?;
             stats.apply = t.elapsed();
@@ -137,12 +164,12 @@ impl Backend for Iptables {
         if first {
             Self::ensure_jumps()?;
         }
-        self.applied = Some(desired);
+        self.table = Some(table);
         Ok(stats)
     }
 
     fn invalidate(&mut self) {
-        self.applied = None;
+        self.table = None;
     }
 }
 

@@ -1,6 +1,8 @@
-//! iptables mode: the desired `nat` and `filter` chains as data ([`render`]), and the
-//! `iptables-restore --noflush` input that moves the kernel from what was applied last to
-//! that ([`restore_input`]) — only changed chains are rewritten, vanished ones deleted.
+//! iptables mode: the desired `nat` and `filter` chains as data, one service port's share at
+//! a time ([`render_port`]: its own chains and its rules in the shared ones), and [`Table`],
+//! which keeps those shares as programmed and turns each sync into the `iptables-restore
+//! --noflush` input of only what changed: the changed ports' own chains, a shared chain only
+//! when some port's rules in it changed, vanished chains deleted (kube-proxy's partial syncs).
 //!
 //! Chains and rules follow Kubernetes' iptables proxier: `KUBE-SERVICES` → `KUBE-SVC-*`
 //! (random-probability load balancing) → `KUBE-SEP-*` (DNAT), `KUBE-NODEPORTS`,
@@ -19,7 +21,10 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
 use crate::chains::{ext_chain, fw_chain, sep_chain, svc_chain, svl_chain};
+use std::sync::Arc;
+
 use crate::model::{Endpoint, ServicePort};
+use crate::programmed::{PortId, Ports};
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
 pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
@@ -44,18 +49,26 @@ pub struct Config {
 }
 
 /// chain name → its rules (each a full `-A CHAIN …` line).
-pub type Table = BTreeMap<String, Vec<String>>;
+pub type Chains = BTreeMap<String, Vec<String>>;
 
 /// The desired content of the two tables kube-proxy owns chains in.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tables {
-    pub filter: Table,
-    pub nat: Table,
+    pub filter: Chains,
+    pub nat: Chains,
 }
 
 impl Tables {
     pub fn rule_count(&self) -> usize {
         self.filter.values().chain(self.nat.values()).map(Vec::len).sum()
+    }
+
+    fn table_mut(&mut self, table: &str) -> &mut Chains {
+        if table == FILTER {
+            &mut self.filter
+        } else {
+            &mut self.nat
+        }
     }
 }
 
@@ -92,22 +105,104 @@ fn q(s: &str) -> String {
     format!("\"{s}\"")
 }
 
-/// The desired chains for `ports`.
-pub fn render<P: std::borrow::Borrow<ServicePort>>(ports: &[P], cfg: &Config) -> Tables {
+const NAT: &str = "nat";
+const FILTER: &str = "filter";
+
+/// The chains every service port adds rules to; all other chains of a service port are its
+/// own (`KUBE-SVC/SVL/EXT/FW/SEP-*`, all in `nat`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Shared {
+    FilterServices,
+    FilterExternalServices,
+    FilterNodePorts,
+    FilterProxyFirewall,
+    NatServices,
+    NatNodePorts,
+}
+
+impl Shared {
+    pub const ALL: [Shared; 6] = [
+        Shared::FilterServices,
+        Shared::FilterExternalServices,
+        Shared::FilterNodePorts,
+        Shared::FilterProxyFirewall,
+        Shared::NatServices,
+        Shared::NatNodePorts,
+    ];
+
+    /// (table, chain).
+    pub fn name(self) -> (&'static str, &'static str) {
+        match self {
+            Shared::FilterServices => (FILTER, KUBE_SERVICES),
+            Shared::FilterExternalServices => (FILTER, KUBE_EXTERNAL_SERVICES),
+            Shared::FilterNodePorts => (FILTER, KUBE_NODEPORTS),
+            Shared::FilterProxyFirewall => (FILTER, KUBE_PROXY_FIREWALL),
+            Shared::NatServices => (NAT, KUBE_SERVICES),
+            Shared::NatNodePorts => (NAT, KUBE_NODEPORTS),
+        }
+    }
+
+    fn of(table: &str, chain: &str) -> Option<Shared> {
+        Shared::ALL.into_iter().find(|s| s.name() == (table, chain))
+    }
+
+    /// The rules after every port's: the jump to the node ports, which must be the last rule
+    /// of `KUBE-SERVICES`.
+    fn tail(self, cfg: &Config) -> Vec<String> {
+        if self != Shared::NatServices {
+            return Vec::new();
+        }
+        let comment = q("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
+        if cfg.nodeport_addresses.is_empty() {
+            vec![format!(
+                "-A {KUBE_SERVICES} -m comment --comment {comment} -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}"
+            )]
+        } else {
+            cfg.nodeport_addresses
+                .iter()
+                .map(|ip| format!("-A {KUBE_SERVICES} -m comment --comment {comment} -d {ip}/32 -j {KUBE_NODEPORTS}"))
+                .collect()
+        }
+    }
+}
+
+/// One service port's share of the tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortRules {
+    /// Its own chains, all in `nat`: chain → rules.
+    pub chains: BTreeMap<String, Vec<String>>,
+    /// Its rules in the shared chains.
+    pub shared: BTreeMap<Shared, Vec<String>>,
+}
+
+impl PortRules {
+    fn push(&mut self, table: &'static str, chain: &str, rule: String) {
+        let line = format!("-A {chain} {rule}");
+        match Shared::of(table, chain) {
+            Some(s) => self.shared.entry(s).or_default().push(line),
+            None => {
+                debug_assert_eq!(table, NAT, "a service port's own chains are in nat");
+                self.chains.entry(chain.to_string()).or_default().push(line)
+            }
+        }
+    }
+
+    fn rule_count(&self) -> usize {
+        self.chains.values().chain(self.shared.values()).map(Vec::len).sum()
+    }
+}
+
+/// The chains whose rules do not depend on the services, and every shared chain (empty).
+fn fixed() -> Tables {
     let mut t = Tables::default();
-    for c in [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_FIREWALL, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL] {
-        t.filter.insert(c.to_string(), Vec::new());
+    for s in Shared::ALL {
+        let (table, chain) = s.name();
+        t.table_mut(table).insert(chain.to_string(), Vec::new());
     }
-    for c in [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ] {
-        t.nat.insert(c.to_string(), Vec::new());
-    }
-    let nat = &mut t.nat;
-    let filter = &mut t.filter;
-    let push = |table: &mut Table, chain: &str, rule: String| {
+    let push = |table: &mut Chains, chain: &str, rule: String| {
         table.entry(chain.to_string()).or_default().push(format!("-A {chain} {rule}"));
     };
-
-    // Fixed chains.
+    let (nat, filter) = (&mut t.nat, &mut t.filter);
     push(nat, KUBE_MARK_MASQ, format!("-j MARK --or-mark {MASQ_MARK}"));
     push(nat, KUBE_POSTROUTING, format!("-m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN"));
     push(nat, KUBE_POSTROUTING, format!("-j MARK --xor-mark {MASQ_MARK}"));
@@ -140,225 +235,352 @@ pub fn render<P: std::borrow::Borrow<ServicePort>>(ports: &[P], cfg: &Config) ->
             q("block incoming localnet connections")
         ),
     );
+    t
+}
 
+/// The desired chains for `ports` (as a first [`Table::sync`] writes them).
+pub fn render<P: std::borrow::Borrow<ServicePort>>(ports: &[P], cfg: &Config) -> Tables {
+    let mut parts: BTreeMap<&PortId, PortRules> = BTreeMap::new();
     for sp in ports.iter().map(std::borrow::Borrow::borrow) {
-        let spn = sp.name.to_string();
-        let proto = sp.protocol.lower();
-        let svc = svc_chain(&sp.name, sp.protocol);
-        let svl = svl_chain(&sp.name, sp.protocol);
-        let ext = ext_chain(&sp.name, sp.protocol);
-        let fw = fw_chain(&sp.name, sp.protocol);
-        let has_internal = !sp.cluster_endpoints.is_empty();
-        let has_external = !sp.external_endpoints.is_empty();
-        let internal_chain = if sp.internal_policy_local { &svl } else { &svc };
-        // Kubernetes uses the cluster chain when either policy is Cluster, the local one when either is Local.
-        let uses_cluster_chain = !sp.internal_policy_local || (sp.has_external() && !sp.external_policy_local);
-        let uses_local_chain = sp.internal_policy_local || (sp.has_external() && sp.external_policy_local);
-        let match_cip = format!("-m {proto} -p {proto} -d {}/32 --dport {}", sp.cluster_ip, sp.port);
+        parts.entry(&sp.name).or_insert_with(|| render_port(sp, cfg));
+    }
+    assemble(parts.values(), cfg)
+}
 
-        // Cluster IP.
-        if has_internal {
-            push(
-                nat,
-                KUBE_SERVICES,
-                format!("-m comment --comment {} {match_cip} -j {internal_chain}", q(&format!("{spn} cluster IP"))),
-            );
-        } else {
-            let (comment, target) = no_endpoints(sp, sp.internal_policy_local);
-            push(
-                filter,
-                KUBE_SERVICES,
-                format!("-m comment --comment {} {match_cip} -j {target}", q(&format!("{spn} {comment}"))),
-            );
-        }
+/// The whole tables from the ports' shares, in the order given.
+fn assemble<'a>(parts: impl Iterator<Item = &'a PortRules> + Clone, cfg: &Config) -> Tables {
+    let mut t = fixed();
+    for part in parts.clone() {
+        t.nat.extend(part.chains.iter().map(|(c, r)| (c.clone(), r.clone())));
+    }
+    for s in Shared::ALL {
+        let (table, chain) = s.name();
+        let rules = shared_chain(s, parts.clone(), cfg);
+        t.table_mut(table).insert(chain.to_string(), rules);
+    }
+    t
+}
 
-        // External destinations.
-        if sp.has_external() {
-            // Load balancer IPs behind source ranges go through the firewall chain.
-            let uses_fw = has_external && sp.uses_firewall();
-            let lb_target = if uses_fw { &fw } else { &ext };
-            let dests: Vec<(String, &str, &String)> = sp
-                .external_ips
-                .iter()
-                .map(|ip| (format!("{ip}/32"), "external IP", &ext))
-                .chain(sp.load_balancer_ips.iter().map(|ip| (format!("{ip}/32"), "loadbalancer IP", lb_target)))
-                .collect();
-            if has_external {
-                for (ip, what, target) in &dests {
-                    push(
-                        nat,
-                        KUBE_SERVICES,
+/// A shared chain's rules: every port's, in the order given, then its tail.
+fn shared_chain<'a>(s: Shared, parts: impl Iterator<Item = &'a PortRules>, cfg: &Config) -> Vec<String> {
+    let mut rules: Vec<String> = parts.filter_map(|p| p.shared.get(&s)).flatten().cloned().collect();
+    rules.extend(s.tail(cfg));
+    rules
+}
+
+/// One service port's chains and its rules in the shared chains.
+pub fn render_port(sp: &ServicePort, cfg: &Config) -> PortRules {
+    let mut part = PortRules::default();
+    let spn = sp.name.to_string();
+    let proto = sp.protocol.lower();
+    let svc = svc_chain(&sp.name, sp.protocol);
+    let svl = svl_chain(&sp.name, sp.protocol);
+    let ext = ext_chain(&sp.name, sp.protocol);
+    let fw = fw_chain(&sp.name, sp.protocol);
+    let has_internal = !sp.cluster_endpoints.is_empty();
+    let has_external = !sp.external_endpoints.is_empty();
+    let internal_chain = if sp.internal_policy_local { &svl } else { &svc };
+    // Kubernetes uses the cluster chain when either policy is Cluster, the local one when either is Local.
+    let uses_cluster_chain = !sp.internal_policy_local || (sp.has_external() && !sp.external_policy_local);
+    let uses_local_chain = sp.internal_policy_local || (sp.has_external() && sp.external_policy_local);
+    let match_cip = format!("-m {proto} -p {proto} -d {}/32 --dport {}", sp.cluster_ip, sp.port);
+
+    // Cluster IP.
+    if has_internal {
+        part.push(
+            NAT,
+            KUBE_SERVICES,
+            format!("-m comment --comment {} {match_cip} -j {internal_chain}", q(&format!("{spn} cluster IP"))),
+        );
+    } else {
+        let (comment, target) = no_endpoints(sp, sp.internal_policy_local);
+        part.push(
+            FILTER,
+            KUBE_SERVICES,
+            format!("-m comment --comment {} {match_cip} -j {target}", q(&format!("{spn} {comment}"))),
+        );
+    }
+
+    // External destinations.
+    if sp.has_external() {
+        // Load balancer IPs behind source ranges go through the firewall chain.
+        let uses_fw = has_external && sp.uses_firewall();
+        let lb_target = if uses_fw { &fw } else { &ext };
+        let dests: Vec<(String, &str, &String)> = sp
+            .external_ips
+            .iter()
+            .map(|ip| (format!("{ip}/32"), "external IP", &ext))
+            .chain(sp.load_balancer_ips.iter().map(|ip| (format!("{ip}/32"), "loadbalancer IP", lb_target)))
+            .collect();
+        if has_external {
+            for (ip, what, target) in &dests {
+                part.push(
+                    NAT,
+                    KUBE_SERVICES,
+                    format!(
+                        "-m comment --comment {} -m {proto} -p {proto} -d {ip} --dport {} -j {target}",
+                        q(&format!("{spn} {what}")),
+                        sp.port
+                    ),
+                );
+            }
+            if uses_fw {
+                let comment = q(&format!("{spn} loadbalancer IP"));
+                for src in sp.firewall_sources() {
+                    part.push(NAT, &fw, format!("-m comment --comment {comment} -s {src} -j {ext}"));
+                }
+                // What the chain did not pass on keeps its destination: the filter drops it.
+                let dropped = q(&format!("other traffic to {spn} will be dropped by {KUBE_PROXY_FIREWALL}"));
+                part.push(NAT, &fw, format!("-m comment --comment {dropped}"));
+                for ip in &sp.load_balancer_ips {
+                    part.push(
+                        FILTER,
+                        KUBE_PROXY_FIREWALL,
                         format!(
-                            "-m comment --comment {} -m {proto} -p {proto} -d {ip} --dport {} -j {target}",
-                            q(&format!("{spn} {what}")),
+                            "-m comment --comment {} -m {proto} -p {proto} -d {ip}/32 --dport {} -j DROP",
+                            q(&format!("{spn} traffic not accepted by {fw}")),
                             sp.port
                         ),
                     );
                 }
-                if uses_fw {
-                    let comment = q(&format!("{spn} loadbalancer IP"));
-                    for src in sp.firewall_sources() {
-                        push(nat, &fw, format!("-m comment --comment {comment} -s {src} -j {ext}"));
-                    }
-                    // What the chain did not pass on keeps its destination: the filter drops it.
-                    let dropped = q(&format!("other traffic to {spn} will be dropped by {KUBE_PROXY_FIREWALL}"));
-                    push(nat, &fw, format!("-m comment --comment {dropped}"));
-                    for ip in &sp.load_balancer_ips {
-                        push(
-                            filter,
-                            KUBE_PROXY_FIREWALL,
-                            format!(
-                                "-m comment --comment {} -m {proto} -p {proto} -d {ip}/32 --dport {} -j DROP",
-                                q(&format!("{spn} traffic not accepted by {fw}")),
-                                sp.port
-                            ),
-                        );
-                    }
-                }
-                if let Some(np) = sp.node_port {
-                    push(
-                        nat,
-                        KUBE_NODEPORTS,
-                        format!("-m comment --comment {} -m {proto} -p {proto} --dport {np} -j {ext}", q(&spn)),
-                    );
-                }
-                // KUBE-EXT-*: masquerade (Cluster) or keep the client's source (Local).
-                if sp.external_policy_local {
-                    // Pods and the node itself reach external destinations like cluster traffic.
-                    let cluster_target = if uses_cluster_chain { &svc } else { &svl };
-                    if let Some(cidr) = &cfg.cluster_cidr {
-                        push(
-                            nat,
-                            &ext,
-                            format!(
-                                "-s {cidr} -m comment --comment {} -j {cluster_target}",
-                                q(&format!("pod traffic for {spn} external destinations"))
-                            ),
-                        );
-                    }
-                    push(
-                        nat,
+            }
+            if let Some(np) = sp.node_port {
+                part.push(
+                    NAT,
+                    KUBE_NODEPORTS,
+                    format!("-m comment --comment {} -m {proto} -p {proto} --dport {np} -j {ext}", q(&spn)),
+                );
+            }
+            // KUBE-EXT-*: masquerade (Cluster) or keep the client's source (Local).
+            if sp.external_policy_local {
+                // Pods and the node itself reach external destinations like cluster traffic.
+                let cluster_target = if uses_cluster_chain { &svc } else { &svl };
+                if let Some(cidr) = &cfg.cluster_cidr {
+                    part.push(
+                        NAT,
                         &ext,
                         format!(
-                            "-m comment --comment {} -m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}",
-                            q(&format!("masquerade LOCAL traffic for {spn} external destinations"))
+                            "-s {cidr} -m comment --comment {} -j {cluster_target}",
+                            q(&format!("pod traffic for {spn} external destinations"))
                         ),
                     );
-                    push(
-                        nat,
-                        &ext,
-                        format!(
-                            "-m comment --comment {} -m addrtype --src-type LOCAL -j {cluster_target}",
-                            q(&format!("route LOCAL traffic for {spn} external destinations"))
-                        ),
-                    );
-                    push(nat, &ext, format!("-j {svl}"));
-                } else {
-                    push(
-                        nat,
-                        &ext,
-                        format!(
-                            "-m comment --comment {} -j {KUBE_MARK_MASQ}",
-                            q(&format!("masquerade traffic for {spn} external destinations"))
-                        ),
-                    );
-                    push(nat, &ext, format!("-j {svc}"));
                 }
+                part.push(
+                    NAT,
+                    &ext,
+                    format!(
+                        "-m comment --comment {} -m addrtype --src-type LOCAL -j {KUBE_MARK_MASQ}",
+                        q(&format!("masquerade LOCAL traffic for {spn} external destinations"))
+                    ),
+                );
+                part.push(
+                    NAT,
+                    &ext,
+                    format!(
+                        "-m comment --comment {} -m addrtype --src-type LOCAL -j {cluster_target}",
+                        q(&format!("route LOCAL traffic for {spn} external destinations"))
+                    ),
+                );
+                part.push(NAT, &ext, format!("-j {svl}"));
             } else {
-                let (comment, target) = no_endpoints(sp, sp.external_policy_local);
-                for (ip, _, _) in &dests {
-                    push(
-                        filter,
-                        KUBE_EXTERNAL_SERVICES,
-                        format!(
-                            "-m comment --comment {} -m {proto} -p {proto} -d {ip} --dport {} -j {target}",
-                            q(&format!("{spn} {comment}")),
-                            sp.port
-                        ),
-                    );
-                }
-                if let Some(np) = sp.node_port {
-                    push(
-                        filter,
-                        KUBE_EXTERNAL_SERVICES,
-                        format!("-m comment --comment {} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {np} -j {target}", q(&format!("{spn} {comment}"))),
-                    );
-                }
+                part.push(
+                    NAT,
+                    &ext,
+                    format!(
+                        "-m comment --comment {} -j {KUBE_MARK_MASQ}",
+                        q(&format!("masquerade traffic for {spn} external destinations"))
+                    ),
+                );
+                part.push(NAT, &ext, format!("-j {svc}"));
+            }
+        } else {
+            let (comment, target) = no_endpoints(sp, sp.external_policy_local);
+            for (ip, _, _) in &dests {
+                part.push(
+                    FILTER,
+                    KUBE_EXTERNAL_SERVICES,
+                    format!(
+                        "-m comment --comment {} -m {proto} -p {proto} -d {ip} --dport {} -j {target}",
+                        q(&format!("{spn} {comment}")),
+                        sp.port
+                    ),
+                );
+            }
+            if let Some(np) = sp.node_port {
+                part.push(
+                    FILTER,
+                    KUBE_EXTERNAL_SERVICES,
+                    format!("-m comment --comment {} -m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {np} -j {target}", q(&format!("{spn} {comment}"))),
+                );
             }
         }
+    }
 
-        // Health check node ports are answered by kubeproxy itself, with or without endpoints.
-        if let Some(hc) = sp.health_check_node_port {
-            push(
-                filter,
-                KUBE_NODEPORTS,
-                format!(
-                    "-m comment --comment {} -m tcp -p tcp --dport {hc} -j ACCEPT",
-                    q(&format!("{spn} health check node port"))
-                ),
-            );
-        }
+    // Health check node ports are answered by kubeproxy itself, with or without endpoints.
+    if let Some(hc) = sp.health_check_node_port {
+        part.push(
+            FILTER,
+            KUBE_NODEPORTS,
+            format!(
+                "-m comment --comment {} -m tcp -p tcp --dport {hc} -j ACCEPT",
+                q(&format!("{spn} health check node port"))
+            ),
+        );
+    }
 
-        // KUBE-SVC-* (all usable endpoints) and KUBE-SVL-* (local ones).
-        let cluster_eps = crate::model::usable(&sp.all_endpoints, |_| true);
-        let local_eps = crate::model::usable(&sp.all_endpoints, |e| e.local);
-        if uses_cluster_chain && !cluster_eps.is_empty() {
-            let rules = nat.entry(svc.clone()).or_default();
-            let mut r = Vec::new();
-            if cfg.masquerade_all {
-                r.push(format!(
-                    "-m comment --comment {} {match_cip} -j {KUBE_MARK_MASQ}",
-                    q(&format!("{spn} cluster IP"))
-                ));
-            } else if let Some(cidr) = &cfg.cluster_cidr {
-                r.push(format!(
-                    "-m comment --comment {} {match_cip} ! -s {cidr} -j {KUBE_MARK_MASQ}",
-                    q(&format!("{spn} cluster IP"))
-                ));
-            }
-            r.extend(lb_rules(sp, &spn, &cluster_eps));
-            rules.extend(r.into_iter().map(|x| format!("-A {svc} {x}")));
-        }
-        if uses_local_chain && !local_eps.is_empty() {
-            let rules = nat.entry(svl.clone()).or_default();
-            rules.extend(lb_rules(sp, &spn, &local_eps).into_iter().map(|x| format!("-A {svl} {x}")));
-        }
-        // KUBE-SEP-*: one per endpoint used by either chain.
-        let mut seps: BTreeSet<&Endpoint> = BTreeSet::new();
-        if uses_cluster_chain {
-            seps.extend(cluster_eps.iter());
-        }
-        if uses_local_chain {
-            seps.extend(local_eps.iter());
-        }
-        for ep in seps {
-            let sep = sep_chain(&sp.name, sp.protocol, ep);
-            let mut r = vec![format!("-m comment --comment {} -s {}/32 -j {KUBE_MARK_MASQ}", q(&spn), ep.ip)];
-            let affinity =
-                if sp.affinity_timeout.is_some() { format!(" -m recent --name {sep} --set") } else { String::new() };
+    // KUBE-SVC-* (all usable endpoints) and KUBE-SVL-* (local ones).
+    let cluster_eps = crate::model::usable(&sp.all_endpoints, |_| true);
+    let local_eps = crate::model::usable(&sp.all_endpoints, |e| e.local);
+    if uses_cluster_chain && !cluster_eps.is_empty() {
+        let mut r = Vec::new();
+        if cfg.masquerade_all {
+            r.push(format!("-m comment --comment {} {match_cip} -j {KUBE_MARK_MASQ}", q(&format!("{spn} cluster IP"))));
+        } else if let Some(cidr) = &cfg.cluster_cidr {
             r.push(format!(
+                "-m comment --comment {} {match_cip} ! -s {cidr} -j {KUBE_MARK_MASQ}",
+                q(&format!("{spn} cluster IP"))
+            ));
+        }
+        r.extend(lb_rules(sp, &spn, &cluster_eps));
+        for rule in r {
+            part.push(NAT, &svc, rule);
+        }
+    }
+    if uses_local_chain && !local_eps.is_empty() {
+        for rule in lb_rules(sp, &spn, &local_eps) {
+            part.push(NAT, &svl, rule);
+        }
+    }
+    // KUBE-SEP-*: one per endpoint used by either chain.
+    let mut seps: BTreeSet<&Endpoint> = BTreeSet::new();
+    if uses_cluster_chain {
+        seps.extend(cluster_eps.iter());
+    }
+    if uses_local_chain {
+        seps.extend(local_eps.iter());
+    }
+    for ep in seps {
+        let sep = sep_chain(&sp.name, sp.protocol, ep);
+        part.push(NAT, &sep, format!("-m comment --comment {} -s {}/32 -j {KUBE_MARK_MASQ}", q(&spn), ep.ip));
+        let affinity =
+            if sp.affinity_timeout.is_some() { format!(" -m recent --name {sep} --set") } else { String::new() };
+        part.push(
+            NAT,
+            &sep,
+            format!(
                 "-m comment --comment {} -m {proto} -p {proto}{affinity} -j DNAT --to-destination {}",
                 q(&spn),
                 ep.addr()
-            ));
-            nat.insert(sep.clone(), r.into_iter().map(|x| format!("-A {sep} {x}")).collect());
+            ),
+        );
+    }
+    part
+}
+
+/// The tables as programmed, kept per service port, so that a sync renders only the service
+/// ports whose inputs changed, rewrites only their own chains, and rewrites a shared chain
+/// (`KUBE-SERVICES`, `KUBE-NODEPORTS`, …) only when some port's rules in it changed — a
+/// Service added or removed, or one gaining its first or losing its last endpoint, not an
+/// endpoint replaced: kube-proxy's partial syncs.
+pub struct Table {
+    /// Our chains the kernel had before the first sync (content unknown); None once written.
+    kernel: Option<Tables>,
+    cfg: Config,
+    ports: Ports<PortRules>,
+    rules: usize,
+}
+
+/// What a sync rewrites: own chains (`nat`), shared chains, chains to delete.
+#[derive(Default)]
+struct Changes {
+    declare: String,
+    rules: String,
+    deletes: String,
+    shared: BTreeSet<Shared>,
+}
+
+impl Changes {
+    /// Port's share goes from `before` to `after`.
+    fn note(&mut self, before: &PortRules, after: &PortRules) {
+        for (chain, rules) in &after.chains {
+            if before.chains.get(chain) != Some(rules) {
+                let _ = writeln!(self.declare, ":{chain} - [0:0]");
+                for rule in rules {
+                    let _ = writeln!(self.rules, "{rule}");
+                }
+            }
         }
+        for chain in before.chains.keys().filter(|c| !after.chains.contains_key(*c)) {
+            let _ = writeln!(self.declare, ":{chain} - [0:0]");
+            let _ = writeln!(self.deletes, "-X {chain}");
+        }
+        self.shared.extend(Shared::ALL.into_iter().filter(|s| before.shared.get(s) != after.shared.get(s)));
+    }
+}
+
+impl Table {
+    /// A table over the kernel's `existing` chains (names; their content is not needed): the
+    /// first sync writes every chain and deletes those no longer wanted.
+    pub fn over(existing: Tables) -> Table {
+        Table { kernel: Some(existing), cfg: Config::default(), ports: Ports::default(), rules: 0 }
     }
 
-    // Node ports: must be the last rule of KUBE-SERVICES.
-    let comment = q("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
-    if cfg.nodeport_addresses.is_empty() {
-        push(
-            nat,
-            KUBE_SERVICES,
-            format!("-m comment --comment {comment} -m addrtype --dst-type LOCAL -j {KUBE_NODEPORTS}"),
-        );
-    } else {
-        for ip in &cfg.nodeport_addresses {
-            push(nat, KUBE_SERVICES, format!("-m comment --comment {comment} -d {ip}/32 -j {KUBE_NODEPORTS}"));
-        }
+    /// Rules in both tables.
+    pub fn rule_count(&self) -> usize {
+        self.rules
     }
-    t
+
+    /// The whole tables as programmed.
+    pub fn tables(&self) -> Tables {
+        assemble(self.ports.parts(), &self.cfg)
+    }
+
+    /// Bring the tables to `ports`: the `iptables-restore --noflush` input, or None when
+    /// nothing changed. The table assumes the input is applied; after a failure, start
+    /// again with [`Table::over`] the kernel's chains.
+    pub fn sync(&mut self, ports: &[Arc<ServicePort>], cfg: &Config) -> Option<String> {
+        // The first sync, or another configuration: every chain again.
+        let everything = match self.kernel.take() {
+            Some(kernel) => Some(kernel),
+            None => (self.cfg != *cfg).then(|| self.tables()),
+        };
+        if let Some(existing) = everything {
+            self.cfg = cfg.clone();
+            self.ports.clear();
+            self.ports.sync(ports, |sp| render_port(sp, cfg), |_, _, _| {});
+            let desired = self.tables();
+            self.rules = desired.rule_count();
+            return restore_input(&existing, &desired);
+        }
+
+        let mut changes = Changes::default();
+        let rules = &mut self.rules;
+        self.ports.sync(
+            ports,
+            |sp| render_port(sp, cfg),
+            |_, before, after| {
+                changes.note(before, after);
+                *rules = *rules + after.rule_count() - before.rule_count();
+            },
+        );
+        let (mut filter, mut nat) = ((String::new(), String::new()), (changes.declare, changes.rules));
+        for s in &changes.shared {
+            let (table, chain) = s.name();
+            let (declare, rules) = if table == FILTER { &mut filter } else { &mut nat };
+            let _ = writeln!(declare, ":{chain} - [0:0]");
+            for rule in shared_chain(*s, self.ports.parts(), cfg) {
+                let _ = writeln!(rules, "{rule}");
+            }
+        }
+        let mut out = String::new();
+        if !filter.0.is_empty() {
+            let _ = write!(out, "*filter\n{}{}COMMIT\n", filter.0, filter.1);
+        }
+        if !nat.0.is_empty() {
+            let _ = write!(out, "*nat\n{}{}{}COMMIT\n", nat.0, nat.1, changes.deletes);
+        }
+        (!out.is_empty()).then_some(out)
+    }
 }
 
 /// What to do with traffic for a service port without usable endpoints: `REJECT` when it
@@ -445,16 +667,70 @@ pub fn owned_chains(save_output: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The restore input that removes every chain in `filter`/`nat` (for `--cleanup`).
-pub fn cleanup_input(filter: &BTreeSet<String>, nat: &BTreeSet<String>) -> String {
-    let mut applied = Tables::default();
-    for c in filter {
-        applied.filter.insert(c.clone(), vec!["?".into()]);
+/// The same from `nft list chains ip` output, for the iptables tables of iptables-nft: the
+/// names without the rules, which `iptables-save` reads and prints too (at 10,000 Services
+/// 0.2 s against 7 s per table, measured).
+pub fn owned_chains_in_nft_listing(listing: &str, table: &str) -> BTreeSet<String> {
+    let mut current = None;
+    let mut chains = BTreeSet::new();
+    for line in listing.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("table ip ") {
+            current = rest.strip_suffix('{').map(str::trim);
+        } else if let Some(rest) = line.strip_prefix("chain ") {
+            let name = rest.trim_end_matches('{').trim();
+            if current == Some(table) && name.starts_with("KUBE-") {
+                chains.insert(name.to_string());
+            }
+        }
     }
-    for c in nat {
-        applied.nat.insert(c.clone(), vec!["?".into()]);
+    chains
+}
+
+/// The chains the jump rules sit in, per table.
+pub fn jump_rule_chains(table: &str) -> BTreeSet<&'static str> {
+    jump_rules().into_iter().filter(|(t, _, _)| *t == table).map(|(_, chain, _)| chain).collect()
+}
+
+/// One table as `--cleanup` finds it: the chains kube-proxy owns, and rules of other chains
+/// (as `iptables-save`/`iptables -S` print them) that may jump into them.
+pub struct Found<'a> {
+    pub owned: BTreeSet<String>,
+    pub rules: &'a str,
+}
+
+/// The restore input that removes every chain kube-proxy owns and every rule in another
+/// chain that jumps into one of them (the jump rules), in one transaction (`--cleanup`);
+/// None when there is nothing of ours.
+pub fn cleanup_input(filter: &Found, nat: &Found) -> Option<String> {
+    let mut out = String::new();
+    for (name, found) in [(FILTER, filter), (NAT, nat)] {
+        let owned = &found.owned;
+        if owned.is_empty() {
+            continue;
+        }
+        let jumps = found.rules.lines().filter_map(|l| l.strip_prefix("-A ")).filter(|rule| {
+            let chain = rule.split_whitespace().next().unwrap_or_default();
+            !owned.contains(chain) && target(rule).is_some_and(|t| owned.contains(t))
+        });
+        let _ = writeln!(out, "*{name}");
+        for chain in owned {
+            let _ = writeln!(out, ":{chain} - [0:0]");
+        }
+        for rule in jumps {
+            let _ = writeln!(out, "-D {rule}");
+        }
+        for chain in owned {
+            let _ = writeln!(out, "-X {chain}");
+        }
+        out.push_str("COMMIT\n");
     }
-    restore_input(&applied, &Tables::default()).unwrap_or_default()
+    (!out.is_empty()).then_some(out)
+}
+
+/// The chain a rule jumps or goes to (`-j`/`-g`), as `iptables-save` prints it.
+fn target(rule: &str) -> Option<&str> {
+    let words: Vec<&str> = rule.split_whitespace().collect();
+    words.windows(2).rev().find(|w| w[0] == "-j" || w[0] == "-g").map(|w| w[1])
 }
 
 #[cfg(test)]
@@ -471,7 +747,7 @@ mod tests {
     fn cfg() -> Config {
         Config { cluster_cidr: Some("10.244.0.0/16".into()), ..Default::default() }
     }
-    fn rules_of<'a>(t: &'a Table, prefix: &str) -> Vec<&'a String> {
+    fn rules_of<'a>(t: &'a Chains, prefix: &str) -> Vec<&'a String> {
         t.iter().filter(|(c, _)| c.starts_with(prefix)).flat_map(|(_, r)| r).collect()
     }
 
@@ -764,14 +1040,133 @@ mod tests {
     }
 
     #[test]
-    fn owned_chains_and_cleanup() {
-        let save = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:DOCKER - [0:0]\n:KUBE-SVC-ABC - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n";
+    fn owned_chains_and_cleanup_in_one_restore() {
+        let save = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:DOCKER - [0:0]\n:KUBE-SVC-ABC - [0:0]\n\
+                    -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+                    -A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER\n-A KUBE-SERVICES -j KUBE-SVC-ABC\nCOMMIT\n";
         let owned = owned_chains(save);
         assert_eq!(owned.into_iter().collect::<Vec<_>>(), ["KUBE-SERVICES", "KUBE-SVC-ABC"]);
-        let input = cleanup_input(&BTreeSet::new(), &owned_chains(save));
+        let nothing = Found { owned: BTreeSet::new(), rules: "" };
         assert_eq!(
-            input,
-            "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABC - [0:0]\n-X KUBE-SERVICES\n-X KUBE-SVC-ABC\nCOMMIT\n"
+            cleanup_input(&nothing, &Found { owned: owned_chains(save), rules: save }).unwrap(),
+            "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABC - [0:0]\n\
+             -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -X KUBE-SERVICES\n-X KUBE-SVC-ABC\nCOMMIT\n",
+            "the jump into our chain goes in the same restore; Docker's rule stays"
         );
+        assert_eq!(cleanup_input(&nothing, &Found { owned: BTreeSet::new(), rules: save }), None);
+
+        // The names from nft's listing of iptables-nft's tables.
+        let listing = "table ip filter {\n\tchain INPUT {\n\t\ttype filter hook input priority filter; policy accept;\n\t}\n\tchain KUBE-SERVICES {\n\t}\n}\n\
+                       table ip nat {\n\tchain KUBE-SERVICES {\n\t}\n\tchain DOCKER {\n\t}\n\tchain KUBE-SVC-ABC {\n\t}\n}\n\
+                       table ip kube-proxy {\n\tchain KUBE-NOT-OURS-HERE {\n\t}\n}\n";
+        assert_eq!(owned_chains_in_nft_listing(listing, "nat"), owned_chains(save));
+        assert_eq!(owned_chains_in_nft_listing(listing, "filter").into_iter().collect::<Vec<_>>(), ["KUBE-SERVICES"]);
+        assert_eq!(jump_rule_chains("nat").into_iter().collect::<Vec<_>>(), ["OUTPUT", "POSTROUTING", "PREROUTING"]);
+    }
+
+    /// What `iptables-restore --noflush` does with `input`, on tables held as data; it
+    /// refuses, as the kernel does, to delete a chain a rule still jumps to, to append to a
+    /// chain that does not exist, and a deletion of a chain not flushed first.
+    fn apply(t: &mut Tables, input: &str) {
+        let mut table = "";
+        for line in input.lines() {
+            if let Some(name) = line.strip_prefix('*') {
+                table = if name == "filter" { FILTER } else { NAT };
+            } else if line == "COMMIT" {
+                continue;
+            } else if let Some(decl) = line.strip_prefix(':') {
+                let chain = decl.split_whitespace().next().unwrap();
+                t.table_mut(table).insert(chain.to_string(), Vec::new());
+            } else if let Some(chain) = line.strip_prefix("-X ") {
+                let rules = t.table_mut(table).remove(chain).unwrap_or_else(|| panic!("no chain {chain}"));
+                assert!(rules.is_empty(), "{chain} deleted without a flush");
+                let chains = t.table_mut(table);
+                let users: Vec<&String> = chains.values().flatten().filter(|r| target(r) == Some(chain)).collect();
+                assert!(users.is_empty(), "{chain} deleted while referenced: {users:?}");
+            } else if let Some(rule) = line.strip_prefix("-A ") {
+                let chain = rule.split_whitespace().next().unwrap();
+                let rules = t.table_mut(table).get_mut(chain).unwrap_or_else(|| panic!("append to missing {chain}"));
+                rules.push(line.to_string());
+            } else {
+                panic!("unexpected restore line {line}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_sync_rewrites_only_the_chains_that_changed_and_ends_where_a_full_render_does() {
+        let services = |names: &[&str]| -> Vec<Service> {
+            names.iter().enumerate().map(|(i, n)| simple_service(n, &format!("10.96.0.{}", i + 1), 80)).collect()
+        };
+        let arcs = |ports: Vec<ServicePort>| ports.into_iter().map(Arc::new).collect::<Vec<_>>();
+        let step = |table: &mut Table, kernel: &mut Tables, ports: &[Arc<ServicePort>], cfg: &Config| {
+            let input = table.sync(ports, cfg);
+            if let Some(input) = &input {
+                apply(kernel, input);
+            }
+            let want = render(ports, cfg);
+            assert_eq!(*kernel, want, "after {input:?}");
+            assert_eq!(table.rule_count(), want.rule_count());
+            assert_eq!(table.tables(), want);
+            input
+        };
+        // The kernel starts with a stale chain of ours and its jump.
+        let mut kernel = Tables::default();
+        kernel.nat.insert("KUBE-SVC-STALE".into(), vec!["?".into()]);
+        kernel.nat.insert(KUBE_SERVICES.into(), vec!["?".into()]);
+        let mut table = Table::over(kernel.clone());
+        for rules in kernel.nat.values_mut() {
+            rules.clear(); // (what the kernel's "?" stands for: flushed by a declaration)
+        }
+        let c = cfg();
+        let eps = |a: &str, b: &str, c: &str| {
+            vec![simple_slice("a", &[a], 80), simple_slice("b", &[b], 80), simple_slice("c", &[c], 80)]
+        };
+        let svcs = services(&["a", "b", "c"]);
+        let first = step(
+            &mut table,
+            &mut kernel,
+            &arcs(service_ports(&svcs, &eps("10.0.0.1", "10.0.0.2", "10.0.0.3"), &node())),
+            &c,
+        )
+        .unwrap();
+        assert!(first.contains("-X KUBE-SVC-STALE"), "{first}");
+        let same = arcs(service_ports(&svcs, &eps("10.0.0.1", "10.0.0.2", "10.0.0.3"), &node()));
+        assert_eq!(step(&mut table, &mut kernel, &same, &c), None, "nothing changed (other Arcs, equal ports)");
+
+        // b's endpoint is replaced: only b's own chains, no shared chain, no filter table.
+        let b_moved = arcs(service_ports(&svcs, &eps("10.0.0.1", "10.0.0.9", "10.0.0.3"), &node()));
+        let input = step(&mut table, &mut kernel, &b_moved, &c).unwrap();
+        let b_svc = svc_chain(&b_moved[1].name, b_moved[1].protocol);
+        let declared: Vec<&str> = input.lines().filter_map(|l| l.strip_prefix(':')).collect();
+        assert_eq!(declared.len(), 3, "b's service chain, its new and its old endpoint chain:\n{input}");
+        assert!(declared.iter().all(|d| d.starts_with(&b_svc) || d.starts_with("KUBE-SEP-")), "{input}");
+        assert!(!input.contains("*filter") && !input.contains(KUBE_SERVICES), "{input}");
+
+        // d is added: KUBE-SERVICES is rewritten with it; a loses its endpoints (a REJECT in
+        // filter, its chains deleted); c goes.
+        let svcs = services(&["a", "b", "c", "d"]);
+        let slices = vec![simple_slice("b", &["10.0.0.9"], 80), simple_slice("d", &["10.0.0.4"], 80)];
+        let mut changed = arcs(service_ports(&svcs, &slices, &node()));
+        changed.retain(|p| p.name.name != "c");
+        let input = step(&mut table, &mut kernel, &changed, &c).unwrap();
+        assert!(input.contains(&format!(":{KUBE_SERVICES} - [0:0]")) && input.contains("*filter"), "{input}");
+        assert!(!input.contains(&format!(":{b_svc}")), "b is unchanged:\n{input}");
+        assert!(kernel.filter[KUBE_SERVICES].iter().any(|r| r.contains("default/a:http has no endpoints")));
+
+        // The same port twice: the first one counts, as in a full render.
+        let mut twice = changed.clone();
+        twice.push(Arc::new(
+            service_ports(&services(&["b"]), &[simple_slice("b", &["10.0.0.7"], 80)], &node()).remove(0),
+        ));
+        assert_eq!(step(&mut table, &mut kernel, &twice, &c), None);
+
+        // Another configuration rewrites everything for it.
+        let other = Config { nodeport_addresses: vec!["192.168.1.10".parse().unwrap()], ..cfg() };
+        let input = step(&mut table, &mut kernel, &changed, &other).unwrap();
+        assert!(input.contains("-d 192.168.1.10/32 -j KUBE-NODEPORTS"), "{input}");
+        // Everything goes.
+        step(&mut table, &mut kernel, &[], &other).unwrap();
     }
 }

@@ -17,5 +17,6 @@ pub mod ipvs_netlink;
 pub mod model;
 pub mod nft_netlink;
 pub mod nftables;
+pub mod programmed;
 pub mod proxier;
 pub mod sysctl;

@@ -29,7 +29,8 @@ use sha2::{Digest, Sha256};
 
 use crate::chains::base32_prefix;
 use crate::iptables::Config;
-use crate::model::{usable, Cidr, Endpoint, Protocol, ServicePort, ServicePortName};
+use crate::model::{usable, Cidr, Endpoint, Protocol, ServicePort};
+use crate::programmed::{PortId, Ports};
 
 pub const TABLE: &str = "kube-proxy";
 pub const MAP_SERVICE_IPS: &str = "service-ips";
@@ -497,17 +498,6 @@ impl Transaction {
     }
 }
 
-/// A service port's identity in the table.
-type PortId = ServicePortName;
-
-/// One service port as programmed.
-struct Programmed {
-    port: Arc<ServicePort>,
-    part: Ruleset,
-    /// The last sync that saw it.
-    seen: u64,
-}
-
 /// Where in a transaction an operation goes: new sets and chains before the rules and map
 /// elements that reference them; map elements removed before the chains they point to.
 #[derive(Default)]
@@ -532,9 +522,13 @@ struct Phases {
 pub struct Table {
     /// False until the first sync, which writes the whole table.
     written: bool,
-    ports: HashMap<PortId, Programmed>,
-    /// Counts syncs, to find the ports a sync no longer has.
-    generation: u64,
+    ports: Ports<Ruleset>,
+    shares: Shares,
+}
+
+/// What the ports' shares add up to.
+#[derive(Default)]
+struct Shares {
     /// (map, key) → the ports that want it, with their verdicts; the first one's is programmed.
     map_keys: HashMap<(&'static str, String), Vec<(PortId, String)>>,
     /// (set, element) → how many ports want it.
@@ -546,7 +540,7 @@ pub struct Table {
 impl Table {
     /// Programmed rules, map elements and set elements.
     pub fn rule_count(&self) -> usize {
-        self.chain_rules + self.map_keys.len() + self.elements.len()
+        self.shares.chain_rules + self.shares.map_keys.len() + self.shares.elements.len()
     }
 
     /// Bring the table to `ports`: the changes to write, or None when nothing changed. The
@@ -555,34 +549,13 @@ impl Table {
     pub fn sync(&mut self, ports: &[Arc<ServicePort>], cfg: &Config) -> Option<Transaction> {
         let full = !self.written;
         self.written = true;
-        self.generation += 1;
-        let generation = self.generation;
         let mut phases = Phases::default();
-        let mut seen = 0;
-        for sp in ports {
-            match self.ports.get_mut(&sp.name) {
-                Some(p) if p.seen == generation => continue, // the same service port twice: the first one counts
-                // The same Arc (from the proxy's cache) is the same port; else compare.
-                Some(p) if Arc::ptr_eq(&p.port, sp) || p.port == *sp => p.seen = generation,
-                _ => {
-                    let part = render_port(sp, cfg);
-                    let before = self.ports.remove(&sp.name).map(|p| p.part).unwrap_or_default();
-                    self.change(&sp.name, &before, &part, &mut phases);
-                    self.ports.insert(sp.name.clone(), Programmed { port: Arc::clone(sp), part, seen: generation });
-                }
-            }
-            seen += 1;
-        }
-        if seen < self.ports.len() {
-            let gone: Vec<PortId> =
-                self.ports.iter().filter(|(_, p)| p.seen != generation).map(|(id, _)| id.clone()).collect();
-            for id in gone {
-                if let Some(p) = self.ports.remove(&id) {
-                    let empty = Ruleset::default();
-                    self.change(&id, &p.part, &empty, &mut phases);
-                }
-            }
-        }
+        let shares = &mut self.shares;
+        self.ports.sync(
+            ports,
+            |sp| render_port(sp, cfg),
+            |id, before, after| shares.change(id, before, after, &mut phases),
+        );
 
         // Map elements: removed (or changed) before added; then the fixed sets' elements.
         let mut delete_elements = Vec::new();
@@ -598,7 +571,7 @@ impl Table {
             delete_sets,
         } = phases;
         for ((set, key), before) in touched_keys {
-            let now = self.map_keys.get(&(set, key.clone())).and_then(|o| o.first()).map(|(_, v)| v.clone());
+            let now = self.shares.map_keys.get(&(set, key.clone())).and_then(|o| o.first()).map(|(_, v)| v.clone());
             if before == now {
                 continue;
             }
@@ -611,7 +584,7 @@ impl Table {
         }
         let mut set_elements = Vec::new();
         for ((set, key), before) in touched_elements {
-            let now = self.elements.contains_key(&(set, key.clone()));
+            let now = self.shares.elements.contains_key(&(set, key.clone()));
             match (before, now) {
                 (true, false) => set_elements.push(Op::DeleteElement { set, key }),
                 (false, true) => set_elements.push(Op::AddElement { set, key, verdict: None }),
@@ -627,7 +600,9 @@ impl Table {
             .collect();
         (full || !ops.is_empty()).then_some(Transaction { full, ops })
     }
+}
 
+impl Shares {
     /// Record that port `id`'s share goes from `before` to `after`.
     fn change(&mut self, id: &PortId, before: &Ruleset, after: &Ruleset, phases: &mut Phases) {
         for (set, timeout) in &after.sets {

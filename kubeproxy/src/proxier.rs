@@ -118,6 +118,10 @@ fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
+/// As kube-proxy: at least once an hour a sync rewrites every rule, from what the kernel has,
+/// repairing whatever else changed them; the syncs between write only what changed.
+const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+
 /// Settings of the loop.
 pub struct LoopConfig {
     pub min_sync_period: Duration,
@@ -163,6 +167,7 @@ pub async fn run(
     // Only Services whose object or slices changed are computed again.
     let mut port_cache = PortCache::default();
     let mut conntrack_missing_logged = false;
+    let mut last_full = Instant::now();
     loop {
         // Bounded frequency: not more often than min_sync_period.
         if let Some(last) = last_sync {
@@ -170,6 +175,10 @@ pub async fn run(
             if since < cfg.min_sync_period {
                 tokio::time::sleep(cfg.min_sync_period - since).await;
             }
+        }
+        if last_full.elapsed() >= FULL_SYNC_PERIOD {
+            backend.invalidate();
+            last_full = Instant::now();
         }
         let svcs = services.state();
         let eps = slices.state();

@@ -5,12 +5,14 @@
 //! - [`exposition`]: the Prometheus text format for series computed at scrape time;
 //! - [`leader`]: leader election over a `coordination.k8s.io/v1` Lease;
 //! - [`events`]: core/v1 Events, written in the background;
+//! - [`backoff`]: the container restart back-off (CrashLoopBackOff) and `restartPolicy`;
 //! - [`memory`]: freed heap pages returned to the system now and then;
 //! - [`lock`]: process locks, so what must be unique on a host runs once;
 //! - [`pki`]: the cluster CA, the apiserver's certificate and the identities' kubeconfigs;
 //! - [`tls`] and [`serve`]: HTTPS listeners (the apiserver's secure port, the kubelet's
 //!   port) and the TLS client configuration of the apiserver's calls to kubelets.
 
+pub mod backoff;
 pub mod events;
 pub mod exposition;
 pub mod identity;

@@ -3,7 +3,6 @@
 //! and serves logs, health and metrics on `--port`.
 
 mod auth;
-mod backoff;
 mod bootstrap;
 mod cadvisor;
 mod certificate;

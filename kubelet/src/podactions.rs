@@ -31,11 +31,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
-use crate::backoff;
 use crate::labels::{self, Kind};
 use crate::podconfig;
 use crate::runtime::{ContainerRecord, State};
 use crate::status::{instances, named};
+use common::backoff;
 
 /// What the worker sees of the pod in Docker when it decides.
 pub struct Observed<'a> {
@@ -284,7 +284,7 @@ fn container_actions(
                     out.push(ContainerAction::KeepRunning { container: c.clone(), record: r.clone() })
                 }
                 Some(r) if r.state == State::Exited => {
-                    let restart = policy == "Always" || (policy == "OnFailure" && r.exit_code != 0);
+                    let restart = backoff::restarts(Some(policy), r.exit_code != 0);
                     if restart {
                         out.push(start(c, Kind::App, Some(r), None));
                     } else {
@@ -340,12 +340,9 @@ fn start_or_back_off(
 ) -> ContainerAction {
     if let Some(p) = previous {
         if let Some(left) = backoff::remaining(p.restart_count, secs(&p.started_at), secs(&p.finished_at), now.unix) {
-            let d = backoff::delay(p.restart_count, Duration::ZERO).as_secs();
+            let d = backoff::delay(p.restart_count, Duration::ZERO);
             let pr = podconfig::pod_ref(pod);
-            let message = format!(
-                "back-off {d}s restarting failed container={} pod={}_{}({})",
-                c.name, pr.name, pr.namespace, pr.uid
-            );
+            let message = backoff::message(d, &c.name, &pr.name, &pr.namespace, &pr.uid);
             return ContainerAction::CrashLoopBackOff { name: c.name.clone(), message, retry_in: left };
         }
     }

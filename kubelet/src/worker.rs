@@ -23,7 +23,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tokio::sync::mpsc;
 
-use crate::backoff;
 use crate::kubelet::Kubelet;
 use crate::labels::{self, Kind};
 use crate::podactions::{
@@ -34,6 +33,7 @@ use crate::podconfig::{self, ContainerContext, Lookups};
 use crate::runtime::{ContainerRecord, State};
 use crate::status::{self, ProbeView};
 use crate::volumes;
+use common::backoff;
 
 /// Per-pod memory of a worker.
 #[derive(Default)]

@@ -1,6 +1,7 @@
 //! Kubernetes' container restart back-off (CrashLoopBackOff), as a pure function of the
 //! restart count and when the last instance finished: the first restart is immediate,
 //! then 10 s, 20 s, 40 s … capped at 300 s. A container that ran for 10 minutes resets it.
+//! The kubelet restarts containers by it, the module controller modules.
 
 use std::time::Duration;
 
@@ -27,6 +28,21 @@ pub fn remaining(restart_count: i32, started: f64, finished: f64, now: f64) -> O
     (left > 0.0).then(|| Duration::from_secs_f64(left))
 }
 
+/// Whether a container that ended (`failed`: a non-zero exit, or a module that broke) is
+/// started again under the pod's `restartPolicy` (unset: `Always`).
+pub fn restarts(policy: Option<&str>, failed: bool) -> bool {
+    match policy.unwrap_or("Always") {
+        "Never" => false,
+        "OnFailure" => failed,
+        _ => true,
+    }
+}
+
+/// The waiting container's message (and the `BackOff` event's), as the kubelet words it.
+pub fn message(delay: Duration, container: &str, pod: &str, namespace: &str, uid: &str) -> String {
+    format!("back-off {}s restarting failed container={container} pod={pod}_{namespace}({uid})", delay.as_secs())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,6 +56,17 @@ mod tests {
         assert_eq!(delay(3, s), Duration::from_secs(40));
         assert_eq!(delay(6, s), Duration::from_secs(300));
         assert_eq!(delay(100, s), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn policies() {
+        assert!(restarts(None, false) && restarts(Some("Always"), false));
+        assert!(restarts(Some("OnFailure"), true) && !restarts(Some("OnFailure"), false));
+        assert!(!restarts(Some("Never"), true));
+        assert_eq!(
+            message(Duration::from_secs(20), "biz1", "p", "default", "u-1"),
+            "back-off 20s restarting failed container=biz1 pod=p_default(u-1)"
+        );
     }
 
     #[test]

@@ -14,10 +14,11 @@
 //! Per module pod: bound to an owned vnode → install; deleting → uninstall, then final
 //! removal (grace 0) once the base confirms; spec change → uninstall old, install new.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use common::events::{Recorder, NORMAL, WARNING};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, EnvVar, NodeStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -29,6 +30,7 @@ use tokio::sync::mpsc;
 use crate::kubeio::{self, LeaseOutcome};
 use crate::mapping::{self, Liveness};
 use crate::metrics::METRICS;
+use crate::restart;
 use crate::tunnel::{
     ContainerOperationResponse, ContainerState, ContainerStatusData, NodeInfo, NodeState, NodeStatusData,
     OperationResult, QueryBaselineRequest, Tunnel, TunnelCallbacks,
@@ -157,6 +159,8 @@ struct PodEntry {
     /// Keys this pod's containers had when last seen (to detect updates).
     keys: BTreeMap<String, Container>,
     delete_sent: bool,
+    /// Each module container's restarts, by key.
+    history: HashMap<String, restart::History>,
 }
 
 impl PodEntry {
@@ -180,6 +184,19 @@ pub struct Controller {
     seen_in_relist: Option<HashSet<String>>,
     synced: bool,
     baselines: Baselines,
+    events: Recorder,
+    /// Pods with a module waiting for its restart's back-off.
+    backing_off: HashSet<String>,
+}
+
+/// Seconds since the epoch.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// (name, namespace, uid) of a pod, as the back-off message names it.
+fn pod_names(p: &Pod) -> (String, String, String) {
+    (p.name_any(), p.namespace().unwrap_or_default(), p.metadata.uid.clone().unwrap_or_default())
 }
 
 fn pod_key(p: &Pod) -> String {
@@ -204,6 +221,7 @@ impl Controller {
     ) -> (Self, mpsc::UnboundedReceiver<Event>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let baselines: Baselines = Arc::new(RwLock::new(HashMap::new()));
+        let client_for_events = client.clone();
         for (i, tunnel) in tunnels.iter().enumerate() {
             tunnel.register_callbacks(Arc::new(Callbacks(tx.clone(), i)));
             let b = baselines.clone();
@@ -223,6 +241,8 @@ impl Controller {
             seen_in_relist: None,
             synced: false,
             baselines,
+            events: Recorder::new(client_for_events, "module-controller"),
+            backing_off: HashSet::new(),
         };
         (c, rx)
     }
@@ -550,6 +570,13 @@ impl Controller {
                 tokio::spawn(async move { tunnel.query_all_container_status(&i).await });
             }
         }
+        // Modules whose restart back-off may be over.
+        let waiting: BTreeSet<String> =
+            self.backing_off.iter().filter_map(|k| self.pods.get(k)).map(|e| e.base.clone()).collect();
+        for id in waiting {
+            self.restart_modules(&id);
+            self.refresh_pods(&id);
+        }
         // Deleting pods whose base nobody can reach are removed without waiting.
         let stuck: Vec<String> = self
             .pods
@@ -686,10 +713,15 @@ impl Controller {
     /// Make the base's modules match its pods: install what is missing, uninstall what no
     /// pod owns (once the pod list is synced), finish pending deletions, refresh statuses.
     fn reconcile_base(&mut self, id: &str) {
-        let Some(base) = self.bases.get(id).filter(|b| b.active() && b.modules_reported) else { return };
+        if !self.bases.get(id).is_some_and(|b| b.active() && b.modules_reported) {
+            return;
+        }
+        let held = self.restart_modules(id);
+        let Some(base) = self.bases.get(id) else { return };
         let desired = self.desired(id);
         let missing: Vec<(String, Container)> = desired
             .iter()
+            .filter(|(k, _)| !held.contains(*k))
             .filter(|(k, _)| match base.modules.get(*k) {
                 None => true,
                 Some(m) => matches!(m.data.state, ContainerState::Deactivated | ContainerState::Stopped),
@@ -713,6 +745,77 @@ impl Controller {
         }
         self.finish_deletions(id);
         self.refresh_pods(id);
+    }
+
+    /// Take in the base's reports of the modules of its pods and restart those that ended,
+    /// as their pods' `restartPolicy` and back-off say (Events `Started`, `Failed`, `BackOff`).
+    /// Returns the keys of ended modules not to be installed now (held by a back-off or the
+    /// policy).
+    fn restart_modules(&mut self, id: &str) -> HashSet<String> {
+        let mut held = HashSet::new();
+        let Some(base) = self.bases.get(id).filter(|b| b.active() && b.modules_reported) else { return held };
+        let now = unix_now();
+        let mut restarts = Vec::new();
+        for pk in self.pods_by_base.get(id).into_iter().flatten() {
+            let Some(e) = self.pods.get_mut(pk).filter(|e| !e.deleting()) else { continue };
+            let policy = e.pod.spec.as_ref().and_then(|s| s.restart_policy.clone());
+            let mut waits = false;
+            for (key, c) in &e.keys {
+                let h = e.history.entry(key.clone()).or_default();
+                match restart::observe(h, base.modules.get(key).map(|m| &m.data), now) {
+                    restart::Observed::Started => {
+                        self.events.event(&e.pod, NORMAL, "Started", format!("Started module {key} on base {id}"))
+                    }
+                    restart::Observed::Ended(end) if end.failed => self.events.event(
+                        &e.pod,
+                        WARNING,
+                        "Failed",
+                        format!("Module {key} failed on base {id}: {}: {}", end.reason, end.message),
+                    ),
+                    restart::Observed::Ended(_) => self.events.event(
+                        &e.pod,
+                        NORMAL,
+                        "Uninstalled",
+                        format!("Module {key} is no longer on base {id}"),
+                    ),
+                    restart::Observed::Nothing => {}
+                }
+                match restart::decide(h, policy.as_deref(), now) {
+                    restart::Next::Keep => {
+                        if h.pending.is_some() {
+                            held.insert(key.clone());
+                        }
+                    }
+                    restart::Next::Restart => {
+                        restart::restarted(h);
+                        restarts.push((key.clone(), c.clone(), pk.clone()));
+                    }
+                    restart::Next::BackOff { delay, .. } => {
+                        held.insert(key.clone());
+                        waits = true;
+                        if !h.backoff_reported {
+                            h.backoff_reported = true;
+                            let (name, ns, uid) = pod_names(&e.pod);
+                            let message = common::backoff::message(delay, &c.name, &name, &ns, &uid);
+                            self.events.event(&e.pod, WARNING, "BackOff", message);
+                        }
+                    }
+                }
+            }
+            if waits {
+                self.backing_off.insert(pk.clone());
+            } else {
+                self.backing_off.remove(pk);
+            }
+        }
+        for (key, c, pk) in restarts {
+            tracing::info!(base = %id, module = %key, pod = %pk, "restarting module");
+            if let Some(b) = self.bases.get_mut(id) {
+                b.installs.remove(&key);
+            }
+            self.install(id, &key, &c, &pk);
+        }
+        held
     }
 
     /// Remove deleting pods whose modules are gone from the base (or whose base is not
@@ -777,7 +880,22 @@ impl Controller {
         let Some(base) = self.bases.get(&e.base).filter(|b| b.owned()) else { return };
         let modules = |k: &str| base.modules.get(k).map(|m| m.data.clone());
         let alive = base.liveness == Liveness::Alive;
-        let status = mapping::pod_status(&e.pod, &modules, &base.info.network.node_ip, alive, Timestamp::now());
+        let now = unix_now();
+        let policy = e.pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
+        let restarts = |k: &str| {
+            let h = e.history.get(k)?;
+            let waiting = match restart::decide(h, policy, now) {
+                restart::Next::BackOff { delay, .. } => {
+                    let (name, ns, uid) = pod_names(&e.pod);
+                    let container = e.keys.get(k).map(|c| c.name.clone()).unwrap_or_default();
+                    Some(restart::crash_loop(delay, &container, &name, &ns, &uid))
+                }
+                _ => None,
+            };
+            Some(mapping::Restarts { count: h.restart_count, last: restart::last_state(h), waiting })
+        };
+        let status =
+            mapping::pod_status(&e.pod, &modules, &restarts, &base.info.network.node_ip, alive, Timestamp::now());
         let any_reported = status.container_statuses.iter().flatten().any(|s| s.state.is_some());
         let current = e.pod.status.as_ref();
         if !any_reported && current.and_then(|s| s.container_statuses.as_ref()).is_none() {
@@ -825,6 +943,12 @@ impl Controller {
             Some(p) => (p.keys.clone(), p.delete_sent),
             None => (BTreeMap::new(), false),
         };
+        // The restarts of the same pod (not of an earlier one of the same name).
+        let history = previous
+            .as_ref()
+            .filter(|p| p.pod.metadata.uid == pod.metadata.uid)
+            .map(|p| p.history.clone())
+            .unwrap_or_default();
         // Keep our last sent status if the watch has not caught up with it yet.
         let mut pod = pod;
         if let Some(prev) = &previous {
@@ -834,7 +958,7 @@ impl Controller {
                 pod.status = prev.pod.status.clone();
             }
         }
-        let entry = PodEntry { pod, base: base_id.clone(), keys: keys.clone(), delete_sent };
+        let entry = PodEntry { pod, base: base_id.clone(), keys: keys.clone(), delete_sent, history };
         let deleting = entry.deleting();
         self.pods.insert(key.clone(), entry);
         self.pods_by_base.entry(base_id.clone()).or_default().insert(key.clone());
@@ -853,7 +977,8 @@ impl Controller {
             self.uninstall(&base_id, k, c, &key);
         }
         let reported = self.bases.get(&base_id).is_some_and(|b| b.modules_reported);
-        for (k, c) in &keys {
+        let held = self.restart_modules(&base_id);
+        for (k, c) in keys.iter().filter(|(k, _)| !held.contains(*k)) {
             let present = self.bases.get(&base_id).is_some_and(|b| b.modules.contains_key(k));
             if reported && !present {
                 self.install(&base_id, k, c, &key);
@@ -865,6 +990,7 @@ impl Controller {
     fn on_pod_deleted(&mut self, pod: &Pod) {
         let key = pod_key(pod);
         let Some(entry) = self.pods.remove(&key) else { return };
+        self.backing_off.remove(&key);
         if let Some(set) = self.pods_by_base.get_mut(&entry.base) {
             set.remove(&key);
         }

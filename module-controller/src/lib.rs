@@ -6,6 +6,7 @@
 //! - [`protocol`]: the Koupleless wire protocol (topics, JSON);
 //! - [`tunnel`]: the seed's `Tunnel` interface and its data model;
 //! - [`mapping`]: pure mappings base ⇄ Node, modules ⇄ pod status;
+//! - [`restart`]: modules restarted per `restartPolicy` with the kubelet's back-off (pure);
 //! - [`mqtt`], [`http_tunnel`]: the two tunnels;
 //! - [`controller`]: the node and pod providers (one actor), [`kubeio`] its API calls,
 //!   [`writer`] coalesced background writes;
@@ -19,5 +20,6 @@ pub mod mapping;
 pub mod metrics;
 pub mod mqtt;
 pub mod protocol;
+pub mod restart;
 pub mod tunnel;
 pub mod writer;

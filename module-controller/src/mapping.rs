@@ -30,6 +30,12 @@ pub const LABEL_COMPONENT: &str = "virtual-kubelet.koupleless.io/component";
 pub const LABEL_ENV: &str = "virtual-kubelet.koupleless.io/env";
 pub const COMPONENT_VNODE: &str = "vnode";
 pub const COMPONENT_MODULE: &str = "module";
+/// The base's name and version as Koupleless' module controller labels its vnodes, which
+/// module pods select in Koupleless' documentation.
+pub const LABEL_VNODE_NAME: &str = "vnode.koupleless.io/name";
+pub const LABEL_VNODE_VERSION: &str = "vnode.koupleless.io/version";
+/// The same under the `base.` prefix, which module pods written for earlier module
+/// controllers select (the project's module pod example among them).
 pub const LABEL_BASE_NAME: &str = "base.koupleless.io/name";
 pub const LABEL_BASE_VERSION: &str = "base.koupleless.io/version";
 pub const LABEL_BASE_CLUSTER: &str = "base.koupleless.io/cluster-name";
@@ -161,6 +167,8 @@ pub fn node_labels(base_id: &str, env: &str, tunnel: &str, info: &NodeInfo) -> B
     let mut l = BTreeMap::new();
     l.insert(LABEL_COMPONENT.into(), COMPONENT_VNODE.into());
     l.insert(LABEL_ENV.into(), label_value(env));
+    l.insert(LABEL_VNODE_NAME.into(), label_value(&info.metadata.name));
+    l.insert(LABEL_VNODE_VERSION.into(), label_value(&info.metadata.version));
     l.insert(LABEL_BASE_NAME.into(), label_value(&info.metadata.name));
     l.insert(LABEL_BASE_VERSION.into(), label_value(&info.metadata.version));
     l.insert(LABEL_BASE_CLUSTER.into(), label_value(&info.metadata.cluster_name));
@@ -338,8 +346,22 @@ fn time_ms(ms: i64, fallback: Timestamp) -> Time {
     Time(if ms > 0 { Timestamp::from_millisecond(ms).unwrap_or(fallback) } else { fallback })
 }
 
+/// What the controller remembers of a module container beyond the base's report: its
+/// restarts, how the previous instance ended, and the back-off it waits in.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Restarts {
+    pub count: i32,
+    pub last: Option<ContainerStateTerminated>,
+    pub waiting: Option<ContainerStateWaiting>,
+}
+
 /// One container's status from the base's report of its module (`None` = not reported).
-pub fn container_status(c: &Container, data: Option<&ContainerStatusData>, now: Timestamp) -> ContainerStatus {
+pub fn container_status(
+    c: &Container,
+    data: Option<&ContainerStatusData>,
+    restarts: Option<&Restarts>,
+    now: Timestamp,
+) -> ContainerStatus {
     let key = container_key(c);
     let (state, ready) = match data {
         None => (None, false),
@@ -380,6 +402,10 @@ pub fn container_status(c: &Container, data: Option<&ContainerStatusData>, now: 
             ),
         },
     };
+    let (state, ready) = match restarts.and_then(|r| r.waiting.clone()) {
+        Some(w) => (Some(K8sContainerState { waiting: Some(w), ..Default::default() }), false),
+        None => (state, ready),
+    };
     ContainerStatus {
         name: c.name.clone(),
         image: c.image.clone().unwrap_or_default(),
@@ -387,8 +413,11 @@ pub fn container_status(c: &Container, data: Option<&ContainerStatusData>, now: 
         container_id: data.map(|_| format!("koupleless://{key}")),
         ready,
         started: Some(ready),
-        restart_count: 0,
+        restart_count: restarts.map_or(0, |r| r.count),
         state,
+        last_state: restarts
+            .and_then(|r| r.last.clone())
+            .map(|t| K8sContainerState { terminated: Some(t), ..Default::default() }),
         ..Default::default()
     }
 }
@@ -403,13 +432,19 @@ const OWNED_CONDITIONS: [&str; 4] = ["PodScheduled", "Initialized", "ContainersR
 pub fn pod_status(
     pod: &Pod,
     modules: &dyn Fn(&str) -> Option<ContainerStatusData>,
+    restarts: &dyn Fn(&str) -> Option<Restarts>,
     host_ip: &str,
     base_alive: bool,
     now: Timestamp,
 ) -> PodStatus {
     let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
-    let mut statuses: Vec<ContainerStatus> =
-        containers.iter().map(|c| container_status(c, modules(&container_key(c)).as_ref(), now)).collect();
+    let mut statuses: Vec<ContainerStatus> = containers
+        .iter()
+        .map(|c| {
+            let key = container_key(c);
+            container_status(c, modules(&key).as_ref(), restarts(&key).as_ref(), now)
+        })
+        .collect();
     if !base_alive {
         for s in statuses.iter_mut() {
             s.ready = false;
@@ -529,6 +564,8 @@ mod tests {
         assert_eq!(node.metadata.name.as_deref(), Some("vnode.10.0.0.5.dev"));
         assert_eq!(labels[LABEL_BASE_NAME], "base");
         assert_eq!(labels[LABEL_BASE_VERSION], "1.0.0");
+        assert_eq!(labels[LABEL_VNODE_NAME], "base");
+        assert_eq!(labels[LABEL_VNODE_VERSION], "1.0.0");
         assert_eq!(labels[LABEL_BASE_CLUSTER], "c1");
         assert_eq!(labels[LABEL_BASE_HOST], "host-a");
         assert_eq!(labels[LABEL_COMPONENT], "vnode");
@@ -617,21 +654,41 @@ mod tests {
     #[test]
     fn module_states_map_to_container_states() {
         let c = module("biz1", "0.0.1");
-        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Activated, "")), now());
+        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Activated, "")), None, now());
         assert!(s.ready && s.state.as_ref().unwrap().running.is_some());
-        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Broken, "DownloadFailed")), now());
+        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Broken, "DownloadFailed")), None, now());
         assert!(!s.ready);
         let w = s.state.unwrap().waiting.unwrap();
         assert_eq!(w.reason.as_deref(), Some("DownloadFailed"));
         assert_eq!(w.message.as_deref(), Some("BROKEN: m"));
         for st in [ContainerState::Resolved, ContainerState::Deactivated] {
-            let s = container_status(&c, Some(&csd("biz1:0.0.1", st, "")), now());
+            let s = container_status(&c, Some(&csd("biz1:0.0.1", st, "")), None, now());
             assert!(s.state.unwrap().waiting.is_some());
         }
-        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Stopped, "")), now());
+        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Stopped, "")), None, now());
         assert!(s.state.unwrap().terminated.is_some());
-        let s = container_status(&c, None, now());
+        let s = container_status(&c, None, None, now());
         assert!(s.state.is_none() && !s.ready);
+
+        // Restarted twice, waiting in its back-off: the waiting state wins over the base's report.
+        let r = Restarts {
+            count: 2,
+            last: Some(ContainerStateTerminated {
+                exit_code: 1,
+                reason: Some("ModuleExited".into()),
+                ..Default::default()
+            }),
+            waiting: Some(ContainerStateWaiting { reason: Some("CrashLoopBackOff".into()), message: None }),
+        };
+        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Broken, "ModuleExited")), Some(&r), now());
+        assert_eq!(s.restart_count, 2);
+        assert!(!s.ready);
+        assert_eq!(s.state.unwrap().waiting.unwrap().reason.as_deref(), Some("CrashLoopBackOff"));
+        assert_eq!(s.last_state.unwrap().terminated.unwrap().reason.as_deref(), Some("ModuleExited"));
+        // Running again: the count and the last state stay.
+        let r = Restarts { waiting: None, ..r };
+        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Activated, "")), Some(&r), now());
+        assert!(s.ready && s.restart_count == 2 && s.last_state.is_some());
     }
 
     fn pod(containers: Vec<Container>) -> Pod {
@@ -645,17 +702,24 @@ mod tests {
     #[test]
     fn pod_phase_follows_modules() {
         let p = pod(vec![module("a", "1"), module("b", "1")]);
-        let none = pod_status(&p, &|_| None, "10.0.0.5", true, now());
+        let none = pod_status(&p, &|_| None, &|_| None, "10.0.0.5", true, now());
         assert_eq!(none.phase.as_deref(), Some("Pending"));
-        let some =
-            pod_status(&p, &|k| (k == "a:1").then(|| csd(k, ContainerState::Activated, "")), "10.0.0.5", true, now());
+        let some = pod_status(
+            &p,
+            &|k| (k == "a:1").then(|| csd(k, ContainerState::Activated, "")),
+            &|_| None,
+            "10.0.0.5",
+            true,
+            now(),
+        );
         assert_eq!(some.phase.as_deref(), Some("Running"));
         assert_eq!(ready_of(&some), "False");
-        let all = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "10.0.0.5", true, now());
+        let all = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), &|_| None, "10.0.0.5", true, now());
         assert_eq!(all.phase.as_deref(), Some("Running"));
         assert_eq!(ready_of(&all), "True");
         assert_eq!(all.host_ip.as_deref(), Some("10.0.0.5"));
-        let silent = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "10.0.0.5", false, now());
+        let silent =
+            pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), &|_| None, "10.0.0.5", false, now());
         assert_eq!(ready_of(&silent), "False");
         let reason = silent.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap().reason;
         assert_eq!(reason.as_deref(), Some("NodeNotReady"));
@@ -664,14 +728,14 @@ mod tests {
     #[test]
     fn unchanged_status_is_not_patched_again() {
         let mut p = pod(vec![module("a", "1")]);
-        let s1 = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "ip", true, now());
+        let s1 = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), &|_| None, "ip", true, now());
         assert!(pod_status_changed(None, &s1));
         p.status = Some(s1.clone());
         let later = now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(60)).unwrap();
-        let s2 = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "ip", true, later);
+        let s2 = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), &|_| None, "ip", true, later);
         assert_eq!(s1, s2);
         assert!(!pod_status_changed(p.status.as_ref(), &s2));
-        let s3 = pod_status(&p, &|k| Some(csd(k, ContainerState::Broken, "x")), "ip", true, later);
+        let s3 = pod_status(&p, &|k| Some(csd(k, ContainerState::Broken, "x")), &|_| None, "ip", true, later);
         assert!(pod_status_changed(p.status.as_ref(), &s3));
     }
 

@@ -111,6 +111,21 @@ impl Env {
     }
 }
 
+/// A controller-manager that notices a silent node in seconds and evicts its pods at once.
+fn evicting_controller_manager(api: &ApiServer) -> Result<e2e::controller_manager::ControllerManager> {
+    e2e::controller_manager::ControllerManager::start(
+        api,
+        &[
+            "--node-monitor-grace-period",
+            "6s",
+            "--node-monitor-period",
+            "1s",
+            "--default-unreachable-toleration-seconds",
+            "0",
+        ],
+    )
+}
+
 async fn wait_vnodes_ready(c: &kube::Client, ids: &[&str], logs: &dyn Fn() -> String) {
     for id in ids {
         let name = format!("vnode.{id}.dev");
@@ -137,6 +152,10 @@ async fn bases_become_vnodes_and_the_module_pod_runs_is_deleted_and_survives_a_b
     let n = nodes.get("vnode.b1.dev").await?;
     let labels = n.metadata.labels.clone().unwrap_or_default();
     for (k, v) in [
+        ("vnode.koupleless.io/name", "base"),
+        ("vnode.koupleless.io/version", "1.0.0"),
+        ("vnode.koupleless.io/tunnel", "mqtt_tunnel_provider"),
+        ("base.koupleless.io/stack", "java"),
         ("base.koupleless.io/name", "base"),
         ("base.koupleless.io/version", "1.0.0"),
         ("base.koupleless.io/cluster-name", "default"),
@@ -230,26 +249,6 @@ async fn module_deployment_spreads_one_pod_per_base() -> Result<()> {
     assert!(out.ok, "kubectl apply: {out:?}");
     let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
     let lp = ListParams::default().labels("module.koupleless.io/name=biz2");
-    let created = eventually(Duration::from_secs(30), || async {
-        pods.list(&lp).await.map(|l| !l.items.is_empty()).unwrap_or(false)
-    })
-    .await;
-    if created.is_err() {
-        // The controller-manager's Deployment controller did not create the pods (it is
-        // being written alongside): create the 3 replicas from the template as a
-        // ReplicaSet would, so placement (scheduler) and installation are still tested.
-        eprintln!("NOTE: no pods from the Deployment controller; creating the replicas from its template");
-        let deploy = serde_json::to_value(
-            Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c.clone(), "default").get("biz2").await?,
-        )?;
-        for i in 0..3 {
-            let mut p = json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": deploy["spec"]["template"]["metadata"].clone(),
-                "spec": deploy["spec"]["template"]["spec"].clone()});
-            p["metadata"]["name"] = json!(format!("biz2-{i}"));
-            pods.create(&PostParams::default(), &serde_json::from_value(p)?).await?;
-        }
-    }
     let ok = eventually(WAIT, || async {
         let l = pods.list(&lp).await.map(|l| l.items).unwrap_or_default();
         l.len() == 3 && l.iter().all(pod_ready)
@@ -265,6 +264,217 @@ async fn module_deployment_spreads_one_pod_per_base() -> Result<()> {
     for b in ["b1", "b2", "b3"] {
         assert_eq!(module_procs(&env.work(), b, "biz2-0.0.1").len(), 1, "biz2 runs once on {b}");
     }
+    Ok(())
+}
+
+/// A module Deployment written as Koupleless' documentation writes one: its pods select bases
+/// by `vnode.koupleless.io/name`, `vnode.koupleless.io/version` and `base.koupleless.io/stack`
+/// and tolerate the vnode taints. Two bases of that name run it, a base of another name never
+/// does; scaled up it runs twice; its base killed, its pods come back on the other matching base.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_module_deployment_from_koupleless_documentation_runs_on_the_bases_it_selects() -> Result<()> {
+    if !prerequisites() {
+        return Ok(());
+    }
+    let env = Env::start()?;
+    let c = env.api.client()?;
+    let (mc, _) = start_controller(&env.api, &env.broker, "mc-1", &[])?;
+    let _sched = e2e::scheduler::Scheduler::start(&env.api, &[])?;
+    let _cm = evicting_controller_manager(&env.api)?;
+    let sample = ["--name", "koupleless-sample", "--version", "1.0.0"];
+    let mut bases = vec![
+        start_base(&env.broker, "b1", &env.root(), &env.work(), &sample)?,
+        start_base(&env.broker, "b2", &env.root(), &env.work(), &sample)?,
+        env.base("b3")?, // named `base`: not selected
+    ];
+    let logs = || format!("controller log:\n{}", mc.log_text());
+    wait_vnodes_ready(&c, &["b1", "b2", "b3"], &logs).await;
+    let manifest = env.dir.path().join("biz1.yaml");
+    std::fs::write(
+        &manifest,
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: biz1
+  labels:
+    virtual-kubelet.koupleless.io/component: module-deployment
+spec:
+  replicas: 1
+  selector:
+    matchLabels:
+      module: biz1
+  template:
+    metadata:
+      labels:
+        module: biz1
+        virtual-kubelet.koupleless.io/component: module
+    spec:
+      containers:
+        - name: biz1
+          image: file:///var/lib/minik8s/modules/biz1-0.0.1.jar
+          env:
+            - name: BIZ_VERSION
+              value: 0.0.1
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions:
+                  - key: base.koupleless.io/stack
+                    operator: In
+                    values:
+                      - java
+                  - key: vnode.koupleless.io/version
+                    operator: In
+                    values:
+                      - 1.0.0
+                  - key: vnode.koupleless.io/name
+                    operator: In
+                    values:
+                      - koupleless-sample
+      tolerations:
+        - key: "schedule.koupleless.io/virtual-node"
+          operator: "Equal"
+          value: "True"
+          effect: "NoExecute"
+        - key: "schedule.koupleless.io/node-env"
+          operator: "Equal"
+          value: "dev"
+          effect: "NoExecute"
+"#,
+    )?;
+    let out = env.api.kubectl(&["apply", "-f", &manifest.display().to_string()])?;
+    assert!(out.ok, "kubectl apply: {out:?}");
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    let lp = ListParams::default().labels("module=biz1");
+    let running = || async {
+        pods.list(&lp).await.map(|l| l.items).unwrap_or_default().into_iter().filter(pod_ready).collect::<Vec<_>>()
+    };
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    let selected = ["vnode.b1.dev", "vnode.b2.dev"];
+    let wait_running = |n: usize, not_on: Option<String>| {
+        let running = &running;
+        async move {
+            eventually(Duration::from_secs(120), || async {
+                let r = running().await;
+                r.len() == n && r.iter().all(|p| Some(node_of(p)) != not_on)
+            })
+            .await
+        }
+    };
+    let fail = |what: &str| -> String {
+        let all = env.api.kubectl(&["get", "nodes,deploy,pods", "-o", "wide", "--show-labels"]);
+        format!("{what}: {all:?}\ncontroller-manager:\n{}\n{}", _cm.log(), logs())
+    };
+    assert!(wait_running(1, None).await.is_ok(), "{}", fail("biz1 not Running"));
+    let on = node_of(&running().await[0]);
+    assert!(selected.contains(&on.as_str()), "biz1 on {on}, not on a koupleless-sample base");
+    let base = on.trim_start_matches("vnode.").trim_end_matches(".dev").to_string();
+    assert_eq!(module_procs(&env.work(), &base, "biz1-0.0.1").len(), 1, "the module runs on {base}");
+
+    let out = env.api.kubectl(&["scale", "deployment", "biz1", "--replicas=2"])?;
+    assert!(out.ok, "kubectl scale: {out:?}");
+    assert!(wait_running(2, None).await.is_ok(), "{}", fail("biz1 not scaled to 2"));
+    for p in running().await {
+        assert!(selected.contains(&node_of(&p).as_str()), "a biz1 pod on {}", node_of(&p));
+    }
+
+    // The base of the first pod dies: both replicas end up on the other selected base.
+    let idx = selected.iter().position(|n| *n == on).unwrap_or_default();
+    bases[idx].kill();
+    let moved = wait_running(2, Some(on.clone())).await;
+    assert!(moved.is_ok(), "{}", fail(&format!("biz1 pods not recreated away from {on}")));
+    let other = selected[1 - idx];
+    for p in running().await {
+        assert_eq!(node_of(&p), other, "after {on} died");
+    }
+    assert!(module_procs(&env.work(), "b3", "biz1-0.0.1").is_empty(), "the base named `base` never runs biz1");
+    drop(bases);
+    Ok(())
+}
+
+/// A module that dies is installed again as the kubelet restarts a container: the first
+/// time at once, then after a back-off (`CrashLoopBackOff`, a `BackOff` event); the pod's
+/// container status counts the restarts and says how the last instance ended, and
+/// `kubectl describe pod` shows why. Under `restartPolicy: Never` it stays down.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crashed_module_restarts_with_back_off_and_the_pod_says_so() -> Result<()> {
+    if !prerequisites() {
+        return Ok(());
+    }
+    let env = Env::start()?;
+    let c = env.api.client()?;
+    let (mc, _) = start_controller(&env.api, &env.broker, "mc-1", &[])?;
+    let _bases = vec![env.base("b1")?];
+    let logs = || format!("controller log:\n{}", mc.log_text());
+    wait_vnodes_ready(&c, &["b1"], &logs).await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    pods.create(&PostParams::default(), &bound_module_pod("crashy", "vnode.b1.dev", "biz3", &env.module_url("biz3")))
+        .await?;
+    wait_pod_ready(&c, "crashy", &logs).await;
+    let crash = || {
+        let pids = module_procs(&env.work(), "b1", "biz3-1.0.0");
+        assert_eq!(pids.len(), 1, "one biz3 process on b1");
+        let st = std::process::Command::new("kill").args(["-9", &pids[0].to_string()]).status();
+        assert!(st.is_ok_and(|s| s.success()), "kill {}", pids[0]);
+    };
+    let status = |p: &Pod| p.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default().remove(0);
+    let restarted_to = |n: i32| {
+        let c = c.clone();
+        async move {
+            eventually(WAIT, || async {
+                pod(&c, "crashy").await.is_some_and(|p| pod_ready(&p) && status(&p).restart_count == n)
+            })
+            .await
+        }
+    };
+
+    // First crash: installed again at once.
+    crash();
+    assert!(restarted_to(1).await.is_ok(), "no first restart\n{}", logs());
+    let p = pod(&c, "crashy").await.unwrap_or_default();
+    let last = status(&p).last_state.and_then(|s| s.terminated).unwrap_or_default();
+    assert_eq!((last.exit_code, last.reason.as_deref()), (1, Some("ModuleExited")), "{last:?}");
+    assert!(last.message.unwrap_or_default().contains("module process exited"));
+    assert_eq!(module_procs(&env.work(), "b1", "biz3-1.0.0").len(), 1, "biz3 runs again");
+
+    // Second crash: a 10 s back-off, seen as CrashLoopBackOff, then running again.
+    crash();
+    let waiting = eventually(WAIT, || async {
+        pod(&c, "crashy").await.is_some_and(|p| {
+            let w = status(&p).state.and_then(|s| s.waiting).unwrap_or_default();
+            w.reason.as_deref() == Some("CrashLoopBackOff")
+                && w.message
+                    .is_some_and(|m| m.starts_with("back-off 10s restarting failed container=biz3 pod=crashy_default("))
+        })
+    })
+    .await;
+    assert!(waiting.is_ok(), "no CrashLoopBackOff\n{}", logs());
+    assert!(restarted_to(2).await.is_ok(), "no restart after the back-off\n{}", logs());
+
+    // What a user reads: the events, through the official kubectl.
+    let out = env.api.kubectl(&["describe", "pod", "crashy"])?;
+    assert!(out.ok, "kubectl describe: {out:?}");
+    for want in ["Restart Count:  2", "Last State:     Terminated", "ModuleExited", "BackOff", "Failed", "Started"] {
+        assert!(out.stdout.contains(want), "describe lacks {want:?}:\n{}", out.stdout);
+    }
+
+    // restartPolicy Never: a crash is final.
+    let mut once = bound_module_pod("once", "vnode.b1.dev", "biz1", &env.module_url("biz1"));
+    if let Some(spec) = once.spec.as_mut() {
+        spec.restart_policy = Some("Never".into());
+    }
+    pods.create(&PostParams::default(), &once).await?;
+    wait_pod_ready(&c, "once", &logs).await;
+    let pids = module_procs(&env.work(), "b1", "biz1-1.0.0");
+    assert_eq!(pids.len(), 1);
+    std::process::Command::new("kill").args(["-9", &pids[0].to_string()]).status()?;
+    let down = eventually(WAIT, || async { pod(&c, "once").await.is_some_and(|p| !pod_ready(&p)) }).await;
+    assert!(down.is_ok(), "the pod still Ready after its module died");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(module_procs(&env.work(), "b1", "biz1-1.0.0").is_empty(), "restarted under restartPolicy Never");
+    let p = pod(&c, "once").await.unwrap_or_default();
+    assert_eq!(status(&p).restart_count, 0);
     Ok(())
 }
 
@@ -469,17 +679,7 @@ async fn a_dead_base_s_module_pods_are_recreated_on_the_other_bases() -> Result<
     let c = env.api.client()?;
     let (mc, _) = start_controller(&env.api, &env.broker, "mc-1", &[])?;
     let _sched = e2e::scheduler::Scheduler::start(&env.api, &[])?;
-    let _cm = e2e::controller_manager::ControllerManager::start(
-        &env.api,
-        &[
-            "--node-monitor-grace-period",
-            "6s",
-            "--node-monitor-period",
-            "1s",
-            "--default-unreachable-toleration-seconds",
-            "0",
-        ],
-    )?;
+    let _cm = evicting_controller_manager(&env.api)?;
     let mut bases = vec![env.base("b1")?, env.base("b2")?, env.base("b3")?];
     let logs = || format!("controller log:\n{}", mc.log_text());
     wait_vnodes_ready(&c, &["b1", "b2", "b3"], &logs).await;

@@ -393,6 +393,90 @@ spec:
     Ok(())
 }
 
+/// Koupleless' peer mode — one module replica on every base of a name — is a DaemonSet whose
+/// pods select those bases and tolerate the vnode taints: three bases get one module each, a
+/// fourth base that joins gets one too, a base of another name none.
+#[tokio::test(flavor = "multi_thread")]
+async fn peer_modules_are_a_daemon_set_over_the_bases_of_a_name() -> Result<()> {
+    if !prerequisites() {
+        return Ok(());
+    }
+    let env = Env::start()?;
+    let c = env.api.client()?;
+    let (mc, _) = start_controller(&env.api, &env.broker, "mc-1", &[])?;
+    let _sched = e2e::scheduler::Scheduler::start(&env.api, &[])?;
+    let cm = e2e::controller_manager::ControllerManager::start(&env.api, &[])?;
+    let peer = ["--name", "peer-base"];
+    let mut bases = Vec::new();
+    for id in ["p1", "p2", "p3"] {
+        bases.push(start_base(&env.broker, id, &env.root(), &env.work(), &peer)?);
+    }
+    bases.push(env.base("other")?);
+    let logs = || format!("controller log:\n{}", mc.log_text());
+    wait_vnodes_ready(&c, &["p1", "p2", "p3", "other"], &logs).await;
+    let manifest = env.dir.path().join("peer.yaml");
+    std::fs::write(
+        &manifest,
+        r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: biz2-peer, namespace: default}
+spec:
+  selector: {matchLabels: {module: biz2-peer}}
+  template:
+    metadata:
+      labels: {module: biz2-peer, virtual-kubelet.koupleless.io/component: module}
+    spec:
+      containers:
+        - name: biz2
+          image: file:///var/lib/minik8s/modules/biz2-0.0.1.jar
+          env: [{name: BIZ_VERSION, value: 0.0.1}]
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions:
+                  - {key: vnode.koupleless.io/name, operator: In, values: [peer-base]}
+      tolerations:
+        - {key: schedule.koupleless.io/virtual-node, operator: Equal, value: "True", effect: NoExecute}
+        - {key: schedule.koupleless.io/node-env, operator: Equal, value: dev, effect: NoExecute}
+"#,
+    )?;
+    let out = env.api.kubectl(&["apply", "-f", &manifest.display().to_string()])?;
+    assert!(out.ok, "kubectl apply: {out:?}");
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    let lp = ListParams::default().labels("module=biz2-peer");
+    let placed = |want: &'static [&'static str]| {
+        let (pods, lp) = (pods.clone(), lp.clone());
+        async move {
+            eventually(Duration::from_secs(90), || async {
+                let l = pods.list(&lp).await.map(|l| l.items).unwrap_or_default();
+                let nodes: BTreeSet<String> =
+                    l.iter().filter(|p| pod_ready(p)).filter_map(|p| p.spec.as_ref()?.node_name.clone()).collect();
+                l.len() == want.len() && nodes == want.iter().map(|b| format!("vnode.{b}.dev")).collect()
+            })
+            .await
+        }
+    };
+    let diag = || {
+        let all = env.api.kubectl(&["get", "ds,pods", "-o", "wide"]);
+        format!("{all:?}\ncontroller-manager:\n{}\n{}", cm.log(), logs())
+    };
+    assert!(placed(&["p1", "p2", "p3"]).await.is_ok(), "one biz2 per peer-base base: {}", diag());
+    for b in ["p1", "p2", "p3"] {
+        assert_eq!(module_procs(&env.work(), b, "biz2-0.0.1").len(), 1, "biz2 runs on {b}");
+    }
+    let out = env.api.kubectl(&["rollout", "status", "daemonset/biz2-peer", "--timeout=60s"])?;
+    assert!(out.ok, "kubectl rollout status: {out:?}");
+
+    // A fourth base of the name joins: it gets the module too; `other` never does.
+    bases.push(start_base(&env.broker, "p4", &env.root(), &env.work(), &peer)?);
+    wait_vnodes_ready(&c, &["p4"], &logs).await;
+    assert!(placed(&["p1", "p2", "p3", "p4"]).await.is_ok(), "the joining base got no biz2: {}", diag());
+    assert!(module_procs(&env.work(), "other", "biz2-0.0.1").is_empty());
+    drop(bases);
+    Ok(())
+}
+
 /// A module that dies is installed again as the kubelet restarts a container: the first
 /// time at once, then after a back-off (`CrashLoopBackOff`, a `BackOff` event); the pod's
 /// container status counts the restarts and says how the last instance ended, and

@@ -195,6 +195,8 @@ pub fn leaves(spec: &Spec) -> Result<Vec<Leaf>, PkiError> {
         Leaf::client("kube-state-metrics.conf", "kube-state-metrics", &[]),
         // The service mesh's control plane (`scripts/cluster up --mesh` binds its role).
         Leaf::client("pilot.conf", "istiod", &[]),
+        // Koupleless' module controller (`scripts/cluster up --modules` binds its role).
+        Leaf::client("module-controller.conf", "module-controller", &[]),
     ];
     for n in &spec.nodes {
         if n.is_empty() || n.contains(['/', '\0']) || n.starts_with('.') {
@@ -789,6 +791,7 @@ mod tests {
             ("prometheus.conf", "prometheus", vec!["system:monitoring"]),
             ("kube-state-metrics.conf", "kube-state-metrics", vec![]),
             ("pilot.conf", "istiod", vec![]),
+            ("module-controller.conf", "module-controller", vec![]),
             ("kubelet-node-1.conf", "system:node:node-1", vec!["system:nodes"]),
             ("kubelet-node-2.conf", "system:node:node-2", vec!["system:nodes"]),
             (KUBELET_CLIENT_CERT, "kube-apiserver-kubelet-client", vec!["system:masters"]),

@@ -44,6 +44,9 @@ pub struct MqttArgs {
     pub mqtt_username: Option<String>,
     #[arg(long, env = "MQTT_PASSWORD")]
     pub mqtt_password: Option<String>,
+    /// A file whose first line is the password (kept off the command line).
+    #[arg(long, conflicts_with = "mqtt_password")]
+    pub mqtt_password_file: Option<std::path::PathBuf>,
     /// PEM CA bundle that signed the broker's certificate: connect with TLS.
     #[arg(long)]
     pub mqtt_ca_file: Option<std::path::PathBuf>,
@@ -60,7 +63,14 @@ impl MqttArgs {
     pub fn config(&self, broker: &str) -> anyhow::Result<MqttConfig> {
         let mut cfg = MqttConfig::parse(broker)?;
         cfg.username = self.mqtt_username.clone();
-        cfg.password = self.mqtt_password.clone();
+        cfg.password = match &self.mqtt_password_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("--mqtt-password-file {}: {e}", path.display()))?;
+                Some(text.lines().next().unwrap_or_default().to_string())
+            }
+            None => self.mqtt_password.clone(),
+        };
         cfg.tls = MqttTls::from_flags(
             self.mqtt_ca_file.as_deref(),
             self.mqtt_client_cert_file.as_deref(),
@@ -416,6 +426,27 @@ impl Tunnel for MqttTunnel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        mqtt: MqttArgs,
+    }
+
+    #[test]
+    fn the_password_comes_from_a_flag_or_the_first_line_of_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("password");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let f = Flags::parse_from(["x", "--mqtt-username", "minik8s", "--mqtt-password-file", file.to_str().unwrap()]);
+        let cfg = f.mqtt.config("127.0.0.1:1883").unwrap();
+        assert_eq!((cfg.username.as_deref(), cfg.password.as_deref()), (Some("minik8s"), Some("s3cret")));
+        let missing = Flags::parse_from(["x", "--mqtt-password-file", "/nonexistent/password"]);
+        let err = missing.mqtt.config("127.0.0.1:1883").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("--mqtt-password-file /nonexistent/password"), "{err}");
+        assert!(Flags::try_parse_from(["x", "--mqtt-password", "a", "--mqtt-password-file", "b"]).is_err());
+    }
 
     #[test]
     fn broker_address_parses() {

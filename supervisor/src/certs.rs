@@ -209,6 +209,7 @@ mod tests {
                 "kube-proxy.conf",
                 "kube-state-metrics.conf",
                 "kubelet-n1.conf",
+                "module-controller.conf",
                 "pilot.conf",
                 "pki.json",
                 "prometheus.conf",

@@ -4,7 +4,8 @@
 //! in its namespace with its ServiceAccount token and is refused elsewhere (RBAC); a second
 //! `up` is a no-op that says so; `status` and `logs` work; `down --purge` leaves no process, container,
 //! node bridge, Service rule or state behind. `up --etcd` does the same over a real etcd
-//! (Debian's etcd-server) that holds the objects.
+//! (Debian's etcd-server) that holds the objects. `up --modules` with two `base add`s runs the
+//! README's Koupleless tour.
 //!
 //! The clusters run on the host (one Service proxy, node names `node-N`), so the tests here
 //! take turns, also with other tests that run `scripts/cluster` (`host_cluster_lock`).
@@ -360,4 +361,89 @@ fn cluster_up_etcd_runs_a_deployment_stored_in_etcd() {
     assert!(!Path::new(&format!("/proc/{etcd_pid}")).exists(), "etcd (pid {etcd_pid}) still runs after down");
     let left = sh("docker ps -aq --filter label=minik8s.io/node=node-1");
     assert!(left.trim().is_empty(), "containers of node-1 left behind: {left}");
+}
+
+/// `up --modules` and `base add`, as the README's Koupleless tour runs them: two reference
+/// bases join through the cluster's password-protected broker as virtual nodes with
+/// Koupleless' labels, `examples/modules/hello.yaml` applied with the official kubectl runs a
+/// module in each, and the module answers; a base without the password never joins.
+#[test]
+fn cluster_up_modules_runs_a_module_deployment_in_two_bases() {
+    let _host = host_lock();
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("state");
+    let port = free_port();
+    let _down = Down(&home, port);
+
+    let (ok, out) = cluster(&home, port, &["base", "add", "b1"]);
+    assert!(!ok && out.contains("scripts/cluster up --modules first"), "base add without modules:\n{out}");
+    let (ok, out) = cluster(&home, port, &["up", "--modules"]);
+    assert!(ok, "cluster up --modules failed:\n{out}");
+    assert!(out.contains("Modules: broker 127.0.0.1:"), "up says where the broker is:\n{out}");
+    for id in ["b1", "b2"] {
+        let (ok, out) = cluster(&home, port, &["base", "add", id]);
+        assert!(ok && out.contains(&format!("base {id} joined: node vnode.{id}.dev")), "base add {id}:\n{out}");
+    }
+    let (ok, out) = cluster(&home, port, &["base", "add", "b1"]);
+    assert!(!ok && out.contains("base b1 already runs"), "a second base b1:\n{out}");
+    let (ok, out) = cluster(&home, port, &["base", "add", "Bad_Id"]);
+    assert!(!ok && out.contains("a base ID is lowercase letters"), "a bad ID:\n{out}");
+
+    let kc = home.join("kubeconfig");
+    let (ok, out) = kubectl(
+        &kc,
+        &[
+            "get",
+            "nodes",
+            "-l",
+            "virtual-kubelet.koupleless.io/component=vnode",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.metadata.labels.vnode\\.koupleless\\.io/name} {.metadata.labels.vnode\\.koupleless\\.io/version}{\"\\n\"}{end}",
+        ],
+    );
+    assert!(ok && out.contains("vnode.b1.dev base 1.0.0") && out.contains("vnode.b2.dev base 1.0.0"), "vnodes:\n{out}");
+
+    // The tour's module Deployment, its URL pointing into this checkout.
+    let manifest = std::fs::read_to_string(repo().join("examples/modules/hello.yaml")).unwrap();
+    let applied = tmp.path().join("hello.yaml");
+    let checkout = repo().canonicalize().unwrap();
+    std::fs::write(&applied, manifest.replace("@REPO@", checkout.to_str().unwrap())).unwrap();
+    let (ok, out) = kubectl(&kc, &["apply", "-f", applied.to_str().unwrap()]);
+    assert!(ok, "apply:\n{out}");
+    let (ok, out) = kubectl(&kc, &["rollout", "status", "deployment/hello", "--timeout=120s"]);
+    let logs = || cluster(&home, port, &["logs", "module-controller"]).1;
+    assert!(ok, "rollout:\n{out}\n{}", logs());
+    let (_, out) = kubectl(
+        &kc,
+        &["get", "pods", "-l", "module=hello", "-o", "jsonpath={range .items[*]}{.spec.nodeName}{\"\\n\"}{end}"],
+    );
+    let nodes: BTreeSet<&str> = out.lines().collect();
+    assert_eq!(nodes, BTreeSet::from(["vnode.b1.dev", "vnode.b2.dev"]), "one hello per base");
+    for id in ["b1", "b2"] {
+        let url_file = home.join(format!("modules/bases/{id}/modules/hello-1.0.0/url"));
+        let url = std::fs::read_to_string(&url_file).unwrap_or_default();
+        let answer = sh(&format!("curl -sS -m 5 {}", url.trim()));
+        assert_eq!(answer, format!("hello from module hello 1.0.0 in base {id}\n"), "{url_file:?}: {url}");
+    }
+
+    // A base that does not know the password is refused by the broker: no node.
+    let broker = std::fs::read_to_string(home.join("modules/broker")).unwrap();
+    let mut anon = Command::new(e2e::target_dir().join("debug/base"))
+        .args(["--id", "anon", "--mqtt-broker", broker.trim(), "--heartbeat-interval", "1", "--arklet-port", "0"])
+        .args(["--work-dir", tmp.path().join("anon").to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(8));
+    let _ = anon.kill();
+    let _ = anon.wait();
+    let (_, out) = kubectl(&kc, &["get", "nodes", "-o", "name"]);
+    assert!(!out.contains("vnode.anon"), "a base without the password joined:\n{out}");
+
+    // base delete: the base stops and its node goes.
+    let (ok, out) = cluster(&home, port, &["base", "delete", "b2"]);
+    assert!(ok && out.contains("base b2 stopped"), "base delete:\n{out}");
+    let (_, out) = kubectl(&kc, &["get", "nodes", "-o", "name"]);
+    assert!(!out.contains("vnode.b2.dev"), "vnode.b2.dev after base delete:\n{out}");
 }

@@ -685,6 +685,9 @@ impl Controller {
         base.installs.insert(key.to_string(), Instant::now());
         base.uninstalls.remove(key);
         tracing::info!(base = %id, module = %key, %pod, "installing module");
+        if let Some(e) = self.pods.get(pod) {
+            self.events.event(&e.pod, NORMAL, "Installing", format!("Installing module {key} into base {id}"));
+        }
         let (tunnel, id, pod, c) = (self.tunnel_of(id), id.to_string(), pod.to_string(), c.clone());
         tokio::spawn(async move {
             if let Err(e) = tunnel.start_container(&id, &pod, &c).await {
@@ -702,6 +705,9 @@ impl Controller {
         base.uninstalls.insert(key.to_string(), Instant::now());
         base.installs.remove(key);
         tracing::info!(base = %id, module = %key, %pod, "uninstalling module");
+        if let Some(e) = self.pods.get(pod) {
+            self.events.event(&e.pod, NORMAL, "Killing", format!("Uninstalling module {key} from base {id}"));
+        }
         let (tunnel, id, pod, c) = (self.tunnel_of(id), id.to_string(), pod.to_string(), c.clone());
         tokio::spawn(async move {
             if let Err(e) = tunnel.shutdown_container(&id, &pod, &c).await {

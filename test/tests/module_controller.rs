@@ -539,7 +539,15 @@ async fn a_crashed_module_restarts_with_back_off_and_the_pod_says_so() -> Result
     // What a user reads: the events, through the official kubectl.
     let out = env.api.kubectl(&["describe", "pod", "crashy"])?;
     assert!(out.ok, "kubectl describe: {out:?}");
-    for want in ["Restart Count:  2", "Last State:     Terminated", "ModuleExited", "BackOff", "Failed", "Started"] {
+    for want in [
+        "Restart Count:  2",
+        "Last State:     Terminated",
+        "ModuleExited",
+        "BackOff",
+        "Failed",
+        "Started",
+        "Installing",
+    ] {
         assert!(out.stdout.contains(want), "describe lacks {want:?}:\n{}", out.stdout);
     }
 

@@ -74,14 +74,9 @@ impl Iptables {
 
     /// What the kernel has now, as far as our chains go: their names with unknown content.
     fn kernel_state() -> anyhow::Result<Tables> {
-        let mut t = Tables::default();
-        for c in Self::our_chains("filter")? {
-            t.filter.insert(c, vec!["?".into()]);
-        }
-        for c in Self::our_chains("nat")? {
-            t.nat.insert(c, vec!["?".into()]);
-        }
-        Ok(t)
+        let (filter, nat) = Self::our_chains()?;
+        let unknown = |names: BTreeSet<String>| names.into_iter().map(|c| (c, vec!["?".to_string()])).collect();
+        Ok(Tables { filter: unknown(filter), nat: unknown(nat) })
     }
 
     /// Whether `iptables` is iptables-nft (Debian's default), whose tables `nft` lists.
@@ -92,15 +87,19 @@ impl Iptables {
         })
     }
 
-    /// The names of our chains in `table`: from `nft list chains ip` where that lists
-    /// iptables' tables (it reads no rules), else from `iptables-save`.
-    fn our_chains(table: &str) -> anyhow::Result<BTreeSet<String>> {
+    /// The names of our chains in the filter and nat tables: from one `nft list chains ip`
+    /// where that lists iptables' tables (it reads no rules), else from `iptables-save`.
+    fn our_chains() -> anyhow::Result<(BTreeSet<String>, BTreeSet<String>)> {
         if Self::is_nft() {
             if let Ok(listing) = run("nft", &["list", "chains", "ip"]) {
-                return Ok(iptables::owned_chains_in_nft_listing(&listing, table));
+                return Ok((
+                    iptables::owned_chains_in_nft_listing(&listing, "filter"),
+                    iptables::owned_chains_in_nft_listing(&listing, "nat"),
+                ));
             }
         }
-        Ok(iptables::owned_chains(&run("iptables-save", &["-t", table])?))
+        let save = |table: &str| run("iptables-save", &["-t", table]).map(|out| iptables::owned_chains(&out));
+        Ok((save("filter")?, save("nat")?))
     }
 
     fn ensure_jumps() -> anyhow::Result<()> {
@@ -120,18 +119,15 @@ impl Iptables {
     /// Remove the jump rules and every `KUBE-*` chain (`--cleanup`), in one restore.
     pub fn cleanup() -> anyhow::Result<()> {
         // Our chains by name, and the rules of the chains the jump rules are in.
-        let found = |table: &str| -> anyhow::Result<(BTreeSet<String>, String)> {
-            let owned = Self::our_chains(table)?;
-            let mut rules = String::new();
-            for chain in iptables::jump_rule_chains(table) {
-                rules.push_str(&run("iptables", &["-w", "-t", table, "-S", chain])?);
-            }
-            Ok((owned, rules))
+        let (filter, nat) = Self::our_chains()?;
+        let rules = |table: &str| -> anyhow::Result<String> {
+            let chains = iptables::jump_rule_chains(table);
+            chains.into_iter().map(|chain| run("iptables", &["-w", "-t", table, "-S", chain])).collect()
         };
-        let (filter, nat) = (found("filter")?, found("nat")?);
+        let (filter_rules, nat_rules) = (rules("filter")?, rules("nat")?);
         let input = iptables::cleanup_input(
-            &iptables::Found { owned: filter.0, rules: &filter.1 },
-            &iptables::Found { owned: nat.0, rules: &nat.1 },
+            &iptables::Found { owned: filter, rules: &filter_rules },
+            &iptables::Found { owned: nat, rules: &nat_rules },
         );
         if let Some(input) = input {
             run_with_input("iptables-restore", &["-w", "--noflush"], &input)?;

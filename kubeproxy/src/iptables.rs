@@ -280,9 +280,7 @@ pub fn render_port(sp: &ServicePort, cfg: &Config) -> PortRules {
     let has_internal = !sp.cluster_endpoints.is_empty();
     let has_external = !sp.external_endpoints.is_empty();
     let internal_chain = if sp.internal_policy_local { &svl } else { &svc };
-    // Kubernetes uses the cluster chain when either policy is Cluster, the local one when either is Local.
-    let uses_cluster_chain = !sp.internal_policy_local || (sp.has_external() && !sp.external_policy_local);
-    let uses_local_chain = sp.internal_policy_local || (sp.has_external() && sp.external_policy_local);
+    let chains = sp.chain_endpoints();
     let match_cip = format!("-m {proto} -p {proto} -d {}/32 --dport {}", sp.cluster_ip, sp.port);
 
     // Cluster IP.
@@ -354,7 +352,7 @@ pub fn render_port(sp: &ServicePort, cfg: &Config) -> PortRules {
             // KUBE-EXT-*: masquerade (Cluster) or keep the client's source (Local).
             if sp.external_policy_local {
                 // Pods and the node itself reach external destinations like cluster traffic.
-                let cluster_target = if uses_cluster_chain { &svc } else { &svl };
+                let cluster_target = if chains.cluster.is_some() { &svc } else { &svl };
                 if let Some(cidr) = &cfg.cluster_cidr {
                     part.push(
                         NAT,
@@ -429,9 +427,7 @@ pub fn render_port(sp: &ServicePort, cfg: &Config) -> PortRules {
     }
 
     // KUBE-SVC-* (all usable endpoints) and KUBE-SVL-* (local ones).
-    let cluster_eps = crate::model::usable(&sp.all_endpoints, |_| true);
-    let local_eps = crate::model::usable(&sp.all_endpoints, |e| e.local);
-    if uses_cluster_chain && !cluster_eps.is_empty() {
+    if let Some(cluster_eps) = chains.cluster.as_ref().filter(|e| !e.is_empty()) {
         let mut r = Vec::new();
         if cfg.masquerade_all {
             r.push(format!("-m comment --comment {} {match_cip} -j {KUBE_MARK_MASQ}", q(&format!("{spn} cluster IP"))));
@@ -441,25 +437,18 @@ pub fn render_port(sp: &ServicePort, cfg: &Config) -> PortRules {
                 q(&format!("{spn} cluster IP"))
             ));
         }
-        r.extend(lb_rules(sp, &spn, &cluster_eps));
+        r.extend(lb_rules(sp, &spn, cluster_eps));
         for rule in r {
             part.push(NAT, &svc, rule);
         }
     }
-    if uses_local_chain && !local_eps.is_empty() {
-        for rule in lb_rules(sp, &spn, &local_eps) {
+    if let Some(local_eps) = chains.local.as_ref().filter(|e| !e.is_empty()) {
+        for rule in lb_rules(sp, &spn, local_eps) {
             part.push(NAT, &svl, rule);
         }
     }
     // KUBE-SEP-*: one per endpoint used by either chain.
-    let mut seps: BTreeSet<&Endpoint> = BTreeSet::new();
-    if uses_cluster_chain {
-        seps.extend(cluster_eps.iter());
-    }
-    if uses_local_chain {
-        seps.extend(local_eps.iter());
-    }
-    for ep in seps {
+    for ep in chains.used() {
         let sep = sep_chain(&sp.name, sp.protocol, ep);
         part.push(NAT, &sep, format!("-m comment --comment {} -s {}/32 -j {KUBE_MARK_MASQ}", q(&spn), ep.ip));
         let affinity =

@@ -10,7 +10,7 @@
 //! ([`crate::healthcheck`]) reads the same list.
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -167,6 +167,19 @@ impl ServicePort {
         self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
     }
 
+    /// Which of the port's two endpoint chains exist and what they choose from, as
+    /// Kubernetes' proxies decide it: the cluster chain (every usable endpoint) when either
+    /// traffic policy is Cluster, the local chain (the usable local ones) when either is Local.
+    pub fn chain_endpoints(&self) -> ChainEndpoints {
+        let external = self.has_external();
+        let uses_cluster = !self.internal_policy_local || (external && !self.external_policy_local);
+        let uses_local = self.internal_policy_local || (external && self.external_policy_local);
+        ChainEndpoints {
+            cluster: uses_cluster.then(|| usable(&self.all_endpoints, |_| true)),
+            local: uses_local.then(|| usable(&self.all_endpoints, |e| e.local)),
+        }
+    }
+
     /// Traffic to the load balancer IPs goes through a firewall (Kubernetes' `usesFWChain`
     /// before the endpoint condition each mode adds).
     pub fn uses_firewall(&self) -> bool {
@@ -207,6 +220,21 @@ pub fn node_primary_ip(node: &Node) -> Option<Ipv4Addr> {
         addresses.into_iter().flatten().filter(|a| a.type_ == kind).find_map(|a| a.address.parse::<Ipv4Addr>().ok())
     };
     of("InternalIP").or_else(|| of("ExternalIP"))
+}
+
+/// A service port's endpoint chains ([`ServicePort::chain_endpoints`]): `None` for a chain
+/// the port does not use.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChainEndpoints {
+    pub cluster: Option<Vec<Endpoint>>,
+    pub local: Option<Vec<Endpoint>>,
+}
+
+impl ChainEndpoints {
+    /// Every endpoint a used chain chooses from, once each.
+    pub fn used(&self) -> BTreeSet<&Endpoint> {
+        self.cluster.iter().chain(&self.local).flatten().collect()
+    }
 }
 
 /// Kubernetes' `CategorizeEndpoints` for one set of endpoints: ready ones, else

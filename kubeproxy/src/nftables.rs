@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use crate::chains::base32_prefix;
 use crate::iptables::Config;
-use crate::model::{usable, Cidr, Endpoint, Protocol, ServicePort};
+use crate::model::{Cidr, Endpoint, Protocol, ServicePort};
 use crate::programmed::{PortId, Ports};
 
 pub const TABLE: &str = "kube-proxy";
@@ -276,10 +276,7 @@ pub fn render_port(sp: &ServicePort, cfg: &Config) -> Ruleset {
     let svc = service_chain(sp);
     let local = local_chain(sp);
     let ext = external_chain(sp);
-    let uses_cluster_chain = !sp.internal_policy_local || (sp.has_external() && !sp.external_policy_local);
-    let uses_local_chain = sp.internal_policy_local || (sp.has_external() && sp.external_policy_local);
-    let cluster_eps = usable(&sp.all_endpoints, |_| true);
-    let local_eps = usable(&sp.all_endpoints, |e| e.local);
+    let chains = sp.chain_endpoints();
     let reject = |policy_local: bool| {
         if policy_local && sp.has_any_endpoint {
             "drop".to_string()
@@ -313,7 +310,7 @@ pub fn render_port(sp: &ServicePort, cfg: &Config) -> Ruleset {
             }
             let mut r = Vec::new();
             if sp.external_policy_local {
-                let cluster_target = if uses_cluster_chain { &svc } else { &local };
+                let cluster_target = if chains.cluster.is_some() { &svc } else { &local };
                 if let Some(cidr) = &cfg.cluster_cidr {
                     r.push(Rule::Text(format!("ip saddr {cidr} goto {cluster_target}")));
                 }
@@ -349,7 +346,7 @@ pub fn render_port(sp: &ServicePort, cfg: &Config) -> Ruleset {
         }
     }
 
-    if uses_cluster_chain && !cluster_eps.is_empty() {
+    if let Some(cluster_eps) = chains.cluster.as_ref().filter(|e| !e.is_empty()) {
         let mut r = Vec::new();
         let mark = |unless_from| Rule::MarkForMasquerade {
             daddr: sp.cluster_ip,
@@ -368,20 +365,13 @@ pub fn render_port(sp: &ServicePort, cfg: &Config) -> Ruleset {
                 )),
             });
         }
-        r.extend(lb_rules(sp, &cluster_eps));
+        r.extend(lb_rules(sp, cluster_eps));
         rs.chains.insert(svc.clone(), r);
     }
-    if uses_local_chain && !local_eps.is_empty() {
-        rs.chains.insert(local.clone(), lb_rules(sp, &local_eps));
+    if let Some(local_eps) = chains.local.as_ref().filter(|e| !e.is_empty()) {
+        rs.chains.insert(local.clone(), lb_rules(sp, local_eps));
     }
-    let mut eps: BTreeSet<&Endpoint> = BTreeSet::new();
-    if uses_cluster_chain {
-        eps.extend(cluster_eps.iter());
-    }
-    if uses_local_chain {
-        eps.extend(local_eps.iter());
-    }
-    for ep in eps {
+    for ep in chains.used() {
         rs.elements.entry(SET_ENDPOINT_HAIRPIN).or_default().insert(format!("{} . {}", ep.ip, ep.ip));
         if let Some(timeout) = sp.affinity_timeout {
             let set = affinity_set(sp, ep);

@@ -80,6 +80,14 @@ fn module_procs(work: &Path, base: &str, module_dir: &str) -> Vec<u32> {
     pids_with(&work.join(base).join("modules").join(module_dir).join("artifact").display().to_string())
 }
 
+/// Kill the one process of `module_dir` on `base` with SIGKILL, as a crash would.
+fn crash_module(work: &Path, base: &str, module_dir: &str) {
+    let pids = module_procs(work, base, module_dir);
+    assert_eq!(pids.len(), 1, "one {module_dir} process on {base}");
+    let st = std::process::Command::new("kill").args(["-9", &pids[0].to_string()]).status();
+    assert!(st.is_ok_and(|s| s.success()), "kill {}", pids[0]);
+}
+
 struct Env {
     api: ApiServer,
     broker: Broker,
@@ -496,12 +504,7 @@ async fn a_crashed_module_restarts_with_back_off_and_the_pod_says_so() -> Result
     pods.create(&PostParams::default(), &bound_module_pod("crashy", "vnode.b1.dev", "biz3", &env.module_url("biz3")))
         .await?;
     wait_pod_ready(&c, "crashy", &logs).await;
-    let crash = || {
-        let pids = module_procs(&env.work(), "b1", "biz3-1.0.0");
-        assert_eq!(pids.len(), 1, "one biz3 process on b1");
-        let st = std::process::Command::new("kill").args(["-9", &pids[0].to_string()]).status();
-        assert!(st.is_ok_and(|s| s.success()), "kill {}", pids[0]);
-    };
+    let crash = || crash_module(&env.work(), "b1", "biz3-1.0.0");
     let status = |p: &Pod| p.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default().remove(0);
     let restarted_to = |n: i32| {
         let c = c.clone();
@@ -558,9 +561,7 @@ async fn a_crashed_module_restarts_with_back_off_and_the_pod_says_so() -> Result
     }
     pods.create(&PostParams::default(), &once).await?;
     wait_pod_ready(&c, "once", &logs).await;
-    let pids = module_procs(&env.work(), "b1", "biz1-1.0.0");
-    assert_eq!(pids.len(), 1);
-    std::process::Command::new("kill").args(["-9", &pids[0].to_string()]).status()?;
+    crash_module(&env.work(), "b1", "biz1-1.0.0");
     let down = eventually(WAIT, || async { pod(&c, "once").await.is_some_and(|p| !pod_ready(&p)) }).await;
     assert!(down.is_ok(), "the pod still Ready after its module died");
     tokio::time::sleep(Duration::from_secs(5)).await;

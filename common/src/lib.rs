@@ -16,6 +16,7 @@ pub mod backoff;
 pub mod events;
 pub mod exposition;
 pub mod identity;
+pub mod kubelet_auth;
 pub mod leader;
 pub mod lock;
 pub mod memory;

@@ -137,6 +137,20 @@ pub fn apiserver_sans(spec: &Spec) -> Result<Vec<String>, PkiError> {
     Ok(out)
 }
 
+/// The names and IPs of a serving certificate for another port of the apiserver's machine
+/// (the module controller's kubelet API): the given ones, the nodes, the apiserver URL's
+/// host, and loopback.
+pub fn host_sans(spec: &Spec) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let names = spec.sans.iter().map(|s| s.trim().to_string()).chain(spec.nodes.iter().cloned());
+    for s in names.chain(url_host(&spec.server)).chain(["localhost".to_string(), "127.0.0.1".to_string()]) {
+        if !s.is_empty() && !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
 /// The host of `https://host:port[/…]` (brackets of an IPv6 address removed).
 fn url_host(url: &str) -> Option<String> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -195,8 +209,17 @@ pub fn leaves(spec: &Spec) -> Result<Vec<Leaf>, PkiError> {
         Leaf::client("kube-state-metrics.conf", "kube-state-metrics", &[]),
         // The service mesh's control plane (`scripts/cluster up --mesh` binds its role).
         Leaf::client("pilot.conf", "istiod", &[]),
-        // Koupleless' module controller (`scripts/cluster up --modules` binds its role).
+        // Koupleless' module controller (`scripts/cluster up --modules` binds its role), and
+        // the serving certificate of the kubelet API it serves for its virtual nodes (which the
+        // apiserver verifies, as it verifies kubelets).
         Leaf::client("module-controller.conf", "module-controller", &[]),
+        Leaf {
+            name: "module-controller-serving".into(),
+            common_name: "module-controller".into(),
+            organizations: vec![],
+            usage: Usage::Server(host_sans(spec)),
+            kubeconfig: false,
+        },
     ];
     for n in &spec.nodes {
         if n.is_empty() || n.contains(['/', '\0']) || n.starts_with('.') {
@@ -781,6 +804,12 @@ mod tests {
         assert_eq!(files[APISERVER_CERT].matches("BEGIN CERTIFICATE").count(), 2, "leaf + CA chain");
         assert!(files[APISERVER_KEY].contains("PRIVATE KEY"));
 
+        // The module controller's kubelet API: the machine's names, not the kubernetes Service's.
+        let vk = cert_of(&files, "module-controller-serving.crt");
+        assert_eq!(vk.issuer, ca.subject);
+        assert!(vk.sans.contains(&"192.0.2.7".to_string()) && vk.sans.contains(&"127.0.0.1".to_string()), "{vk:?}");
+        assert!(!vk.sans.iter().any(|s| s.starts_with("kubernetes") || s == "10.96.0.1"), "{vk:?}");
+
         let ca_der = pem_to_der(&files[CA_CERT]).unwrap();
         for (file, cn, orgs) in [
             ("admin.conf", "kubernetes-admin", vec!["system:masters"]),
@@ -832,12 +861,21 @@ mod tests {
         let first = plan(&BTreeMap::new(), &spec(), Mode::Init, now()).unwrap();
         assert!(plan(&first, &spec(), Mode::Init, now()).unwrap().is_empty(), "nothing to do");
 
-        // A new node: only its kubeconfig; a new SAN: only the serving certificate.
+        // A new node: only its kubeconfig; a new SAN: only the serving certificates.
         let mut more = spec();
         more.nodes.push("node-3".into());
         more.sans.push("10.1.2.3".into());
         let out = plan(&first, &more, Mode::Init, now()).unwrap();
-        assert_eq!(out.keys().collect::<Vec<_>>(), [APISERVER_CERT, APISERVER_KEY, "kubelet-node-3.conf"]);
+        assert_eq!(
+            out.keys().collect::<Vec<_>>(),
+            [
+                APISERVER_CERT,
+                APISERVER_KEY,
+                "kubelet-node-3.conf",
+                "module-controller-serving.crt",
+                "module-controller-serving.key"
+            ]
+        );
         // Another server URL: every kubeconfig.
         let mut moved = spec();
         moved.server = "https://192.0.2.8:6443".into();

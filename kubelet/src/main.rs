@@ -2,7 +2,6 @@
 //! bound to it and runs them in Docker (pause container + app containers, PLEG, probes),
 //! and serves logs, health and metrics on `--port`.
 
-mod auth;
 mod bootstrap;
 mod cadvisor;
 mod certificate;
@@ -101,20 +100,8 @@ struct Flags {
     /// instead of a self-signed one; the port serves no handshake until one is issued.
     #[arg(long = "rotate-server-certificates", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     rotate_server_certificates: bool,
-    /// Callers presenting a client certificate signed by this CA are authenticated by it (CN
-    /// the user, O the groups).
-    #[arg(long = "client-ca-file")]
-    client_ca_file: Option<PathBuf>,
-    /// Requests without credentials are served as system:anonymous (subject to authorization).
-    #[arg(long = "anonymous-auth", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    anonymous_auth: bool,
-    /// Bearer tokens are authenticated by asking the apiserver (TokenReview).
-    #[arg(long = "authentication-token-webhook", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    authentication_token_webhook: bool,
-    /// AlwaysAllow, or Webhook: every request is authorized by the apiserver
-    /// (SubjectAccessReview on the node's nodes/proxy, nodes/stats, nodes/log … subresources).
-    #[arg(long = "authorization-mode", value_enum, default_value = "AlwaysAllow")]
-    authorization_mode: auth::Mode,
+    #[command(flatten)]
+    auth: common::kubelet_auth::AuthArgs,
     /// Port of the plain-HTTP /healthz (0 disables it).
     #[arg(long = "healthz-port", default_value_t = 10248)]
     healthz_port: u16,
@@ -250,7 +237,8 @@ async fn main() -> Result<()> {
     let cert_dir = flags.cert_dir.clone().unwrap_or_else(|| flags.root_dir.join("pki"));
     let serving_names = [node_name.clone(), node_ip.clone()];
     let tls = if flags.rotate_server_certificates {
-        let (tls, identity, store) = server::rotating_serving_certificate(&cert_dir, flags.client_ca_file.as_deref())?;
+        let (tls, identity, store) =
+            server::rotating_serving_certificate(&cert_dir, flags.auth.client_ca_file.as_deref())?;
         let wanted = certificate::Wanted::serving(&node_name, &serving_names);
         tokio::spawn(certificate::rotate(k.client.clone(), identity, wanted, store));
         tls
@@ -259,21 +247,13 @@ async fn main() -> Result<()> {
             flags.tls_cert_file.as_deref().zip(flags.tls_private_key_file.as_deref()),
             &cert_dir,
             &serving_names,
-            flags.client_ca_file.as_deref(),
+            flags.auth.client_ca_file.as_deref(),
         )?
     };
-    let auth = auth::Auth::new(
-        auth::Settings {
-            anonymous: flags.anonymous_auth,
-            token_webhook: flags.authentication_token_webhook,
-            mode: flags.authorization_mode,
-            node_name: node_name.clone(),
-        },
-        k.client.clone(),
-    );
-    let bound = server::serve(addr, k.clone(), tls, auth).await?;
-    tracing::info!(%bound, client_ca = ?flags.client_ca_file, anonymous = flags.anonymous_auth,
-        authorization = ?flags.authorization_mode, "serving the kubelet API over HTTPS");
+    let auth = common::kubelet_auth::Auth::new(flags.auth.settings(), k.client.clone());
+    let bound = server::serve(addr, k.clone(), tls, auth, &node_name).await?;
+    tracing::info!(%bound, client_ca = ?flags.auth.client_ca_file, anonymous = flags.auth.anonymous_auth,
+        authorization = ?flags.auth.authorization_mode, "serving the kubelet API over HTTPS");
     if flags.healthz_port != 0 {
         let addr = format!("{}:{}", flags.healthz_bind_address, flags.healthz_port);
         match addr.parse().context("--healthz-bind-address/--healthz-port") {

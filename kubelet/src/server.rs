@@ -4,7 +4,7 @@
 //! `/containerLogs/<namespace>/<pod>/<container>` (query: follow, tailLines, previous,
 //! timestamps, sinceSeconds, limitBytes) as the apiserver's `pods/log` proxy expects, and
 //! `/stats/summary` (CPU and memory per container), and the streaming endpoints of
-//! `streaming/` (`/exec`, `/attach`, `/portForward`). Every request passes [`crate::auth`]
+//! `streaming/` (`/exec`, `/attach`, `/portForward`). Every request passes [`common::kubelet_auth`]
 //! first. The certificate is `--tls-cert-file`, or one the kubelet makes for itself
 //! ([`serving_certificate`]).
 //!
@@ -53,10 +53,10 @@ pub async fn serve(
     addr: SocketAddr,
     k: Arc<Kubelet>,
     tls: Arc<rustls::ServerConfig>,
-    auth: Arc<crate::auth::Auth>,
+    auth: Arc<common::kubelet_auth::Auth>,
+    node: &str,
 ) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-    let bound = listener.local_addr()?;
+    let node: Arc<str> = node.into();
     // The machine's size (`machine_*`) does not change while the kubelet runs.
     let host = crate::node::host_facts(&k.root_dir);
     let machine = crate::cadvisor::Machine { cores: host.cpus as u64, memory_bytes: host.memory_bytes };
@@ -70,17 +70,8 @@ pub async fn serve(
         .route("/stats/summary", get(summary))
         .merge(crate::streaming::routes())
         .with_state(k)
-        .layer(axum::middleware::from_fn_with_state(auth, crate::auth::layer));
-    let user_of: common::serve::PeerUser<_> = crate::auth::user_of_certificate;
-    tokio::spawn(common::serve::serve_tls(
-        listener,
-        app,
-        tls,
-        user_of,
-        std::future::pending(),
-        common::serve::IDLE_TIMEOUT,
-    ));
-    Ok(bound)
+        .layer(axum::middleware::from_fn_with_state((auth, node), common::kubelet_auth::layer));
+    common::kubelet_auth::serve(addr, app, tls).await
 }
 
 /// The plain-HTTP `/healthz` on `addr` (Kubernetes' `--healthz-port`, 10248 on loopback).

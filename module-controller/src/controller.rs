@@ -52,6 +52,8 @@ pub struct Settings {
     pub query_interval: Duration,
     /// A module still missing this long after its install was sent is installed again.
     pub install_retry: Duration,
+    /// Where the vnodes say their kubelet API is (this controller's).
+    pub kubelet: mapping::KubeletEndpoint,
 }
 
 impl Settings {
@@ -64,6 +66,7 @@ impl Settings {
             health_interval: Duration::from_secs(10),
             query_interval: Duration::from_secs(15),
             install_retry: Duration::from_secs(30),
+            kubelet: mapping::KubeletEndpoint::default(),
         }
     }
 }
@@ -172,6 +175,10 @@ impl PodEntry {
 /// The shared read-only view the baseline query uses.
 type Baselines = Arc<RwLock<HashMap<String, Vec<Container>>>>;
 
+/// Each vnode's arklet (`host:port` of its base's HTTP API, where a module's logs are),
+/// by node name: what the kubelet API ([`crate::kubelet_api`]) reads.
+pub type Arklets = Arc<RwLock<HashMap<String, String>>>;
+
 pub struct Controller {
     client: kube::Client,
     tunnels: Vec<Arc<dyn Tunnel>>,
@@ -184,6 +191,7 @@ pub struct Controller {
     seen_in_relist: Option<HashSet<String>>,
     synced: bool,
     baselines: Baselines,
+    arklets: Arklets,
     events: Recorder,
     /// Pods with a module waiting for its restart's back-off.
     backing_off: HashSet<String>,
@@ -213,11 +221,13 @@ fn container_of(key: &str, name: &str) -> Container {
 }
 
 impl Controller {
-    /// Wire the tunnel's callbacks and the baseline query to a new controller.
+    /// Wire the tunnel's callbacks and the baseline query to a new controller, which keeps
+    /// `arklets` current from the bases' heartbeats.
     pub fn new(
         client: kube::Client,
         tunnels: Vec<Arc<dyn Tunnel>>,
         settings: Settings,
+        arklets: Arklets,
     ) -> (Self, mpsc::UnboundedReceiver<Event>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let baselines: Baselines = Arc::new(RwLock::new(HashMap::new()));
@@ -241,6 +251,7 @@ impl Controller {
             seen_in_relist: None,
             synced: false,
             baselines,
+            arklets,
             events: Recorder::new(client_for_events, "module-controller"),
             backing_off: HashSet::new(),
         };
@@ -354,9 +365,29 @@ impl Controller {
             .unwrap_or_else(|| Arc::new(crate::tunnel::NoTunnel))
     }
 
+    /// Keep [`Arklets`] current with a base's heartbeat (a lock taken to write only on change).
+    fn publish_arklet(&self, id: &str, info: &NodeInfo) {
+        let node = mapping::node_name(id, &self.settings.env);
+        let address = (info.network.arklet_port > 0 && info.metadata.status != NodeState::Deactivated).then(|| {
+            match info.network.node_ip.contains(':') {
+                true => format!("[{}]:{}", info.network.node_ip, info.network.arklet_port),
+                false => format!("{}:{}", info.network.node_ip, info.network.arklet_port),
+            }
+        });
+        let current = self.arklets.read().unwrap_or_else(|e| e.into_inner()).get(&node).cloned();
+        if current != address {
+            let mut arklets = self.arklets.write().unwrap_or_else(|e| e.into_inner());
+            match address {
+                Some(a) => arklets.insert(node, a),
+                None => arklets.remove(&node),
+            };
+        }
+    }
+
     fn on_heartbeat(&mut self, id: String, info: NodeInfo, tunnel: usize) {
         let now = Instant::now();
         let settings = self.settings.clone();
+        self.publish_arklet(&id, &info);
         let base = self.bases.entry(id.clone()).or_insert_with(|| Base {
             tunnel,
             info: info.clone(),
@@ -488,6 +519,7 @@ impl Controller {
             &self.settings.env,
             self.tunnel_of(id).key(),
             &base.info,
+            &self.settings.kubelet,
             base.status.as_ref(),
             base.liveness,
             Timestamp::now(),
@@ -515,6 +547,7 @@ impl Controller {
         }
         let status = mapping::node_status(
             &base.info,
+            &self.settings.kubelet,
             base.status.as_ref(),
             base.liveness,
             base.node_status.as_ref(),

@@ -10,12 +10,14 @@
 //! - [`mqtt`], [`http_tunnel`]: the two tunnels;
 //! - [`controller`]: the node and pod providers (one actor), [`kubeio`] its API calls,
 //!   [`writer`] coalesced background writes;
+//! - [`kubelet_api`]: the vnodes' kubelet API (module logs through the bases' arklets);
 //! - [`base`]: the reference base program (real module hosting and `--simulate N`).
 
 pub mod base;
 pub mod controller;
 pub mod http_tunnel;
 pub mod kubeio;
+pub mod kubelet_api;
 pub mod mapping;
 pub mod metrics;
 pub mod mqtt;

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Parser;
 use module_controller::controller::{Controller, Settings};
 use module_controller::http_tunnel::HttpTunnel;
+use module_controller::kubelet_api;
 use module_controller::metrics::METRICS;
 use module_controller::mqtt::MqttTunnel;
 use module_controller::tunnel::Tunnel;
@@ -37,6 +38,26 @@ struct Args {
     /// Port of the HTTP tunnel (bases POST heartbeats); 0 disables it.
     #[arg(long, default_value_t = 7777)]
     http_tunnel_port: u16,
+    /// Port of the vnodes' kubelet API (HTTPS: `kubectl logs` of module pods), which every
+    /// vnode publishes as its kubelet endpoint; 0 picks a free one.
+    #[arg(long, default_value_t = 10250)]
+    port: u16,
+    /// Address the kubelet API listens on.
+    #[arg(long, default_value = "0.0.0.0")]
+    address: std::net::IpAddr,
+    /// The address the apiserver reaches the kubelet API at: every vnode's InternalIP
+    /// (default: this host's primary address).
+    #[arg(long = "node-ip")]
+    node_ip: Option<String>,
+    /// The kubelet API's serving certificate (with its chain); without it a self-signed one
+    /// is made at start.
+    #[arg(long = "tls-cert-file", requires = "tls_private_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The key of --tls-cert-file.
+    #[arg(long = "tls-private-key-file", requires = "tls_cert_file")]
+    tls_private_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    auth: common::kubelet_auth::AuthArgs,
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:9090")]
     health_bind_address: SocketAddr,
@@ -81,6 +102,18 @@ async fn main() -> anyhow::Result<()> {
     settings.health_interval = secs(args.health_interval);
     settings.query_interval = secs(args.query_interval);
 
+    // The vnodes' kubelet API first: its port is what the vnodes publish.
+    let node_ip = args
+        .node_ip
+        .clone()
+        .unwrap_or_else(|| common::default_host_ip().map(|ip| ip.to_string()).unwrap_or_else(|| "127.0.0.1".into()));
+    let tls = kubelet_api::tls_config(
+        args.tls_cert_file.as_deref().zip(args.tls_private_key_file.as_deref()),
+        &[node_ip.clone(), "localhost".into()],
+        args.auth.client_ca_file.as_deref(),
+    )?;
+    let auth = common::kubelet_auth::Auth::new(args.auth.settings(), client.clone());
+
     let mut tunnels: Vec<Arc<dyn Tunnel>> = Vec::new();
     if let Some(broker) = &args.mqtt.mqtt_broker {
         let cfg = args.mqtt.config(broker)?;
@@ -92,7 +125,15 @@ async fn main() -> anyhow::Result<()> {
     if tunnels.is_empty() {
         anyhow::bail!("no tunnel: give --mqtt-broker and/or --http-tunnel-port");
     }
-    let (controller, rx) = Controller::new(client.clone(), tunnels.clone(), settings.clone());
+    let listener = std::net::SocketAddr::new(args.address, args.port);
+    let arklets = module_controller::controller::Arklets::default();
+    let app = kubelet_api::router(client.clone(), auth, arklets.clone());
+    let bound =
+        common::kubelet_auth::serve(listener, app, tls).await.context("the vnodes' kubelet API (--address, --port)")?;
+    tracing::info!(%bound, node_ip, client_ca = ?args.auth.client_ca_file, authorization = ?args.auth.authorization_mode,
+        "serving the vnodes' kubelet API over HTTPS");
+    settings.kubelet = module_controller::mapping::KubeletEndpoint { ip: node_ip, port: bound.port() };
+    let (controller, rx) = Controller::new(client.clone(), tunnels.clone(), settings.clone(), arklets);
     for tunnel in &tunnels {
         tunnel.start(&client_id, &args.env).await.with_context(|| format!("starting tunnel {}", tunnel.key()))?;
         tracing::info!(tunnel = %tunnel.key(), "tunnel started");

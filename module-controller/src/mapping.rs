@@ -215,10 +215,23 @@ fn condition(type_: &str, status: &str, reason: &str, message: &str, now: &Time)
     }
 }
 
+/// Where the apiserver finds a vnode's kubelet API (`kubectl logs`): the module controller
+/// that serves it, as a virtual kubelet does — every vnode's `InternalIP` and
+/// `daemonEndpoints.kubeletEndpoint.port`. The base's own address is its pods' `hostIP` and
+/// `podIP` (where their modules answer).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubeletEndpoint {
+    /// The controller's address (`--node-ip`); empty: none is published.
+    pub ip: String,
+    /// The controller's kubelet port (`--port`); 0: none is published.
+    pub port: u16,
+}
+
 /// The vnode's status. Condition transition times are kept from `previous` when a
 /// condition's status did not change.
 pub fn node_status(
     info: &NodeInfo,
+    kubelet: &KubeletEndpoint,
     data: Option<&NodeStatusData>,
     liveness: Liveness,
     previous: Option<&NodeStatus>,
@@ -269,14 +282,14 @@ pub fn node_status(
         }
     }
     let mut addresses = vec![];
-    if !info.network.node_ip.is_empty() {
-        addresses.push(NodeAddress { type_: "InternalIP".into(), address: info.network.node_ip.clone() });
+    if !kubelet.ip.is_empty() {
+        addresses.push(NodeAddress { type_: "InternalIP".into(), address: kubelet.ip.clone() });
     }
     if !info.network.host_name.is_empty() {
         addresses.push(NodeAddress { type_: "Hostname".into(), address: info.network.host_name.clone() });
     }
-    let daemon_endpoints = (info.network.arklet_port > 0)
-        .then_some(NodeDaemonEndpoints { kubelet_endpoint: Some(DaemonEndpoint { port: info.network.arklet_port }) });
+    let daemon_endpoints = (kubelet.port > 0)
+        .then_some(NodeDaemonEndpoints { kubelet_endpoint: Some(DaemonEndpoint { port: i32::from(kubelet.port) }) });
     NodeStatus {
         daemon_endpoints,
         capacity: Some(capacity),
@@ -313,11 +326,14 @@ pub fn node_status_changed(a: &NodeStatus, b: &NodeStatus) -> bool {
 }
 
 /// The whole vnode object (metadata, spec, status).
+// The vnode is made of all of these: bundling them would only rename the list.
+#[allow(clippy::too_many_arguments)]
 pub fn build_node(
     base_id: &str,
     env: &str,
     tunnel: &str,
     info: &NodeInfo,
+    kubelet: &KubeletEndpoint,
     data: Option<&NodeStatusData>,
     liveness: Liveness,
     now: Timestamp,
@@ -338,7 +354,7 @@ pub fn build_node(
             ..Default::default()
         },
         spec: Some(NodeSpec { taints: Some(taints), ..Default::default() }),
-        status: Some(node_status(info, data, liveness, None, now)),
+        status: Some(node_status(info, kubelet, data, liveness, None, now)),
     }
 }
 
@@ -519,6 +535,11 @@ mod tests {
     use crate::protocol::*;
     use k8s_openapi::api::core::v1::{EnvVar, PodSpec};
 
+    /// The controller's kubelet endpoint the vnodes publish.
+    fn kubelet() -> KubeletEndpoint {
+        KubeletEndpoint { ip: "192.0.2.9".into(), port: 10250 }
+    }
+
     fn hb() -> HeartbeatData {
         HeartbeatData {
             base_metadata: BaseMetadata {
@@ -559,7 +580,8 @@ mod tests {
     #[test]
     fn vnode_has_koupleless_labels_taints_and_addresses() {
         let info = heartbeat_to_node_info(&hb()).unwrap();
-        let node = build_node("10.0.0.5", "dev", "mqtt_tunnel_provider", &info, None, Liveness::Alive, now());
+        let node =
+            build_node("10.0.0.5", "dev", "mqtt_tunnel_provider", &info, &kubelet(), None, Liveness::Alive, now());
         let labels = node.metadata.labels.unwrap();
         assert_eq!(node.metadata.name.as_deref(), Some("vnode.10.0.0.5.dev"));
         assert_eq!(labels[LABEL_BASE_NAME], "base");
@@ -581,8 +603,11 @@ mod tests {
         assert_eq!(status.capacity.as_ref().unwrap()["pods"].0, "65535");
         let addrs = status.addresses.unwrap();
         assert_eq!(addrs[0].type_, "InternalIP");
-        assert_eq!(addrs[0].address, "10.0.0.5");
+        assert_eq!(addrs[0].address, "192.0.2.9", "the apiserver reaches the vnode's kubelet API at the controller");
+        assert_eq!(addrs[1].type_, "Hostname");
         assert_eq!(addrs[1].address, "host-a");
+        let endpoint = status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap();
+        assert_eq!(endpoint.port, 10250);
         let ready = status.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(ready.status, "True");
     }
@@ -605,7 +630,7 @@ mod tests {
         assert_eq!(d.resources["memory"].allocatable.0, "700");
         assert_eq!(d.resources["cpu"].capacity.0, "2");
         let info = heartbeat_to_node_info(&hb()).unwrap();
-        let s = node_status(&info, Some(&d), Liveness::Alive, None, now());
+        let s = node_status(&info, &kubelet(), Some(&d), Liveness::Alive, None, now());
         assert_eq!(s.allocatable.unwrap()["memory"].0, "700");
         h.code = "FAILED".into();
         assert!(health_to_status(&h).is_none());
@@ -614,16 +639,17 @@ mod tests {
     #[test]
     fn silent_base_is_ready_unknown_and_only_real_changes_count() {
         let info = heartbeat_to_node_info(&hb()).unwrap();
-        let alive = node_status(&info, None, Liveness::Alive, None, now());
+        let alive = node_status(&info, &kubelet(), None, Liveness::Alive, None, now());
         let later = node_status(
             &info,
+            &kubelet(),
             None,
             Liveness::Alive,
             Some(&alive),
             now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(30)).unwrap(),
         );
         assert!(!node_status_changed(&alive, &later));
-        let silent = node_status(&info, None, Liveness::Silent, Some(&alive), now());
+        let silent = node_status(&info, &kubelet(), None, Liveness::Silent, Some(&alive), now());
         assert!(node_status_changed(&alive, &silent));
         let ready = silent.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(ready.status, "Unknown");

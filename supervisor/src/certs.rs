@@ -209,6 +209,8 @@ mod tests {
                 "kube-proxy.conf",
                 "kube-state-metrics.conf",
                 "kubelet-n1.conf",
+                "module-controller-serving.crt",
+                "module-controller-serving.key",
                 "module-controller.conf",
                 "pilot.conf",
                 "pki.json",

@@ -135,7 +135,7 @@ impl Drop for Proc {
 /// A private mosquitto broker.
 pub struct Broker {
     pub port: u16,
-    _proc: Proc,
+    proc: Proc,
     _dir: tempfile::TempDir,
 }
 
@@ -191,12 +191,32 @@ impl Broker {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(Broker { port, _proc: p, _dir: dir })
+        Ok(Broker { port, proc: p, _dir: dir })
     }
 
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
+
+    /// The mosquitto process.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
+}
+
+/// For benchmarks: build the release `module-controller` and `base` and have [`bin_dir`]
+/// return their directory (what users run), unless `MINIK8S_MODULE_CONTROLLER_DIR` names one.
+pub fn use_release_module_controller() {
+    if std::env::var("MINIK8S_MODULE_CONTROLLER_DIR").is_ok() {
+        return;
+    }
+    let status = crate::cargo_command()
+        .args(["build", "-q", "--release", "-p", "module-controller", "--bins"])
+        .current_dir(root())
+        .status()
+        .expect("cargo build --release -p module-controller");
+    assert!(status.success(), "building the release module-controller failed");
+    std::env::set_var("MINIK8S_MODULE_CONTROLLER_DIR", target_dir().join("release"));
 }
 
 /// Start `module-controller` against `api` and `broker` with quick test timers plus `extra`.
@@ -214,6 +234,13 @@ pub fn start_controller(api: &ApiServer, broker: &Broker, client_id: &str, extra
         format!("127.0.0.1:{port}"),
         "--http-tunnel-port".into(),
         "0".into(),
+        // The vnodes' kubelet API (module logs) on a free port of loopback.
+        "--address".into(),
+        "127.0.0.1".into(),
+        "--port".into(),
+        "0".into(),
+        "--node-ip".into(),
+        "127.0.0.1".into(),
         "--base-unreachable-after".into(),
         "4".into(),
         "--node-lease-duration".into(),

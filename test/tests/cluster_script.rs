@@ -426,6 +426,35 @@ fn cluster_up_modules_runs_a_module_deployment_in_two_bases() {
         assert_eq!(answer, format!("hello from module hello 1.0.0 in base {id}\n"), "{url_file:?}: {url}");
     }
 
+    // kubectl logs of a module pod: the apiserver asks the vnode's kubelet API (the module
+    // controller's, over TLS with the cluster CA's certificate, which it verifies), which asks
+    // the base's arklet. The module's start line and the access log of the request above.
+    let (ok, out) = kubectl(
+        &kc,
+        &["get", "pods", "-l", "module=hello", "--field-selector", "spec.nodeName=vnode.b1.dev", "-o", "name"],
+    );
+    assert!(ok && out.trim().starts_with("pod/"), "the hello pod on b1:\n{out}");
+    let (ok, log) = kubectl(&kc, &["logs", out.trim()]);
+    assert!(ok, "kubectl logs of a module pod:\n{log}\n{}", logs());
+    assert!(log.contains("module hello 1.0.0 serving http://127.0.0.1:"), "kubectl logs:\n{log}");
+    assert!(log.contains("\"GET / HTTP/1.1\" 200"), "the module's access log in kubectl logs:\n{log}");
+    let (ok, log) = kubectl(&kc, &["logs", "deployment/hello"]);
+    assert!(ok && log.contains("module hello 1.0.0 serving"), "kubectl logs deployment/hello (the README's):\n{log}");
+    // That port serves nobody anonymous (as the cluster's kubelets).
+    let (_, endpoint) = kubectl(
+        &kc,
+        &[
+            "get",
+            "node",
+            "vnode.b1.dev",
+            "-o",
+            "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}:{.status.daemonEndpoints.kubeletEndpoint.Port}",
+        ],
+    );
+    let anonymous =
+        sh(&format!("curl -sk -m 5 -w ' %{{http_code}}' https://{}/containerLogs/default/x/hello", endpoint.trim()));
+    assert_eq!(anonymous, "Unauthorized 401", "an anonymous caller of the vnodes' kubelet API at {endpoint}");
+
     // A base that does not know the password is refused by the broker: no node.
     let broker = std::fs::read_to_string(home.join("modules/broker")).unwrap();
     let mut anon = Command::new(e2e::target_dir().join("debug/base"))

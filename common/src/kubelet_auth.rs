@@ -1,4 +1,5 @@
-//! Who may call the kubelet's port, decided as the kubelet decides it.
+//! Who may call a kubelet's port, decided as the kubelet decides it: the kubelet's own
+//! port, and the kubelet API the module controller serves for its virtual nodes.
 //!
 //! Every request on `--port` (HTTPS) is first **authenticated**: a client certificate that
 //! chains to `--client-ca-file` (CN the user, O the groups); else a bearer token, which the
@@ -8,7 +9,7 @@
 //!
 //! Then it is **authorized**: with `--authorization-mode AlwaysAllow` (the flag's default)
 //! everything is allowed; with `Webhook` the apiserver is asked a `SubjectAccessReview` for
-//! the node object: verb from the method (GET → get, POST → create, …), resource `nodes`,
+//! the node object (the kubelet's node; for a virtual node, the node of the pod asked about): verb from the method (GET → get, POST → create, …), resource `nodes`,
 //! name the node, subresource from the path — `stats` (`/stats/…`), `metrics`
 //! (`/metrics…`), `log` (`/logs/…`), `checkpoint`, and `proxy` for everything else
 //! (container logs, exec, attach, port-forward, healthz). A denial is 403
@@ -61,7 +62,7 @@ pub struct CertificateUser(pub User);
 
 /// The user of a client certificate (DER): CN and O; none without a CN.
 pub fn user_of_certificate(der: &[u8]) -> Option<CertificateUser> {
-    let info = common::pki::inspect(der).ok()?;
+    let info = crate::pki::inspect(der).ok()?;
     (!info.common_name.is_empty())
         .then(|| CertificateUser(User { name: info.common_name, uid: String::new(), groups: info.organizations }))
 }
@@ -81,7 +82,35 @@ pub struct Settings {
     pub anonymous: bool,
     pub token_webhook: bool,
     pub mode: Mode,
-    pub node_name: String,
+}
+
+/// The kubelet's flags about its callers (shared by every binary that serves a kubelet API).
+#[derive(clap::Args, Clone, Debug)]
+pub struct AuthArgs {
+    /// Callers presenting a client certificate signed by this CA are authenticated by it (CN
+    /// the user, O the groups).
+    #[arg(long = "client-ca-file")]
+    pub client_ca_file: Option<std::path::PathBuf>,
+    /// Requests without credentials are served as system:anonymous (subject to authorization).
+    #[arg(long = "anonymous-auth", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub anonymous_auth: bool,
+    /// Bearer tokens are authenticated by asking the apiserver (TokenReview).
+    #[arg(long = "authentication-token-webhook", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub authentication_token_webhook: bool,
+    /// AlwaysAllow, or Webhook: every request is authorized by the apiserver
+    /// (SubjectAccessReview on the node's nodes/proxy, nodes/stats, nodes/log … subresources).
+    #[arg(long = "authorization-mode", value_enum, default_value = "AlwaysAllow")]
+    pub authorization_mode: Mode,
+}
+
+impl AuthArgs {
+    pub fn settings(&self) -> Settings {
+        Settings {
+            anonymous: self.anonymous_auth,
+            token_webhook: self.authentication_token_webhook,
+            mode: self.authorization_mode,
+        }
+    }
 }
 
 /// How a request is to be authenticated.
@@ -149,7 +178,7 @@ pub struct Auth {
     settings: Settings,
     client: kube::Client,
     tokens: Cache<[u8; 32], Option<User>>,
-    accesses: Cache<(User, &'static str, &'static str), bool>,
+    accesses: Cache<(User, String, &'static str, &'static str), bool>,
 }
 
 impl Auth {
@@ -198,9 +227,15 @@ impl Auth {
         Ok(user)
     }
 
-    /// Whether the apiserver allows `user` this access to the node.
-    async fn allowed(&self, user: &User, verb: &'static str, subresource: &'static str) -> anyhow::Result<bool> {
-        let key = (user.clone(), verb, subresource);
+    /// Whether the apiserver allows `user` this access to `node`.
+    async fn allowed(
+        &self,
+        user: &User,
+        node: &str,
+        verb: &'static str,
+        subresource: &'static str,
+    ) -> anyhow::Result<bool> {
+        let key = (user.clone(), node.to_string(), verb, subresource);
         if let Some(allowed) = Self::cached(&self.accesses, &key) {
             return Ok(allowed);
         }
@@ -214,7 +249,7 @@ impl Auth {
                     version: Some("v1".into()),
                     resource: Some("nodes".into()),
                     subresource: Some(subresource.into()),
-                    name: Some(self.settings.node_name.clone()),
+                    name: Some(node.to_string()),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -228,10 +263,11 @@ impl Auth {
         Ok(allowed)
     }
 
-    /// Authenticate and authorize a request (its certificate user, `Authorization` header,
-    /// method and path): `Ok` to serve it, else the answer.
+    /// Authenticate and authorize a request to `node`'s kubelet API (its certificate user,
+    /// `Authorization` header, method and path): `Ok` to serve it, else the answer.
     pub async fn check(
         &self,
+        node: &str,
         certificate: Option<&User>,
         authorization: Option<&str>,
         method: &Method,
@@ -258,7 +294,7 @@ impl Auth {
             return Ok(());
         }
         let (verb, subresource) = attributes(method, path);
-        match self.allowed(&user, verb, subresource).await {
+        match self.allowed(&user, node, verb, subresource).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(text(StatusCode::FORBIDDEN, forbidden_message(&user.name, verb, subresource))),
             Err(e) => {
@@ -275,15 +311,45 @@ impl Auth {
     }
 }
 
-/// The middleware of the kubelet's port.
-pub async fn layer(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
+/// The caller's credentials of a request: its verified certificate's user and its
+/// `Authorization` header.
+pub fn credentials(req: &Request) -> (Option<User>, Option<String>) {
     let certificate = req.extensions().get::<CertificateUser>().map(|c| c.0.clone());
     let authorization = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
+    (certificate, authorization)
+}
+
+/// The middleware of a kubelet's port: every request is about the node `.1`.
+pub async fn layer(State((auth, node)): State<(Arc<Auth>, Arc<str>)>, req: Request, next: Next) -> Response {
+    let (certificate, authorization) = credentials(&req);
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
-    match auth.check(certificate.as_ref(), authorization.as_deref(), &method, &path).await {
+    match auth.check(&node, certificate.as_ref(), authorization.as_deref(), &method, &path).await {
         Ok(()) => next.run(req).await,
         Err(answer) => answer,
     }
+}
+
+/// Serve a kubelet API `app` over TLS on `addr`, each connection's verified client
+/// certificate its requests' [`CertificateUser`]; the bound address is returned (port 0
+/// picks one).
+pub async fn serve(
+    addr: std::net::SocketAddr,
+    app: axum::Router,
+    tls: Arc<rustls::ServerConfig>,
+) -> anyhow::Result<std::net::SocketAddr> {
+    use anyhow::Context;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let bound = listener.local_addr()?;
+    let user_of: crate::serve::PeerUser<_> = user_of_certificate;
+    tokio::spawn(crate::serve::serve_tls(
+        listener,
+        app,
+        tls,
+        user_of,
+        std::future::pending(),
+        crate::serve::IDLE_TIMEOUT,
+    ));
+    Ok(bound)
 }
 
 #[cfg(test)]
@@ -291,7 +357,7 @@ mod tests {
     use super::*;
 
     fn settings(anonymous: bool, token_webhook: bool) -> Settings {
-        Settings { anonymous, token_webhook, mode: Mode::Webhook, node_name: "n1".into() }
+        Settings { anonymous, token_webhook, mode: Mode::Webhook }
     }
 
     #[test]

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use common::events::{Recorder, NORMAL, WARNING};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, EnvVar, NodeStatus, Pod};
+use k8s_openapi::api::core::v1::{Container, EnvVar, NodeStatus, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -36,6 +37,9 @@ use crate::tunnel::{
     OperationResult, QueryBaselineRequest, Tunnel, TunnelCallbacks,
 };
 use crate::writer::Writer;
+
+/// Pod watch events waiting for the controller, at most.
+const POD_EVENTS: usize = 256;
 
 /// Timers and identity.
 #[derive(Clone, Debug)]
@@ -87,6 +91,8 @@ pub enum Event {
     PodDeleted(Box<Pod>),
     PodsRelist,
     PodsSynced,
+    /// Writing this pod's status failed: write it again at its next refresh.
+    StatusWriteFailed(String),
     Tick,
 }
 
@@ -160,10 +166,14 @@ struct PodEntry {
     pod: Pod,
     base: String,
     /// Keys this pod's containers had when last seen (to detect updates).
-    keys: BTreeMap<String, Container>,
+    keys: Modules,
     delete_sent: bool,
     /// Each module container's restarts, by key.
     history: HashMap<String, restart::History>,
+    /// The digest of the last status written ([`mapping::pod_status_digest`]; 0: none, or
+    /// its write failed): a watch event that still shows an older status does not make the
+    /// controller write the same status again.
+    sent: u64,
 }
 
 impl PodEntry {
@@ -173,7 +183,32 @@ impl PodEntry {
 }
 
 /// The shared read-only view the baseline query uses.
-type Baselines = Arc<RwLock<HashMap<String, Vec<Container>>>>;
+type Baselines = Arc<RwLock<HashMap<String, Vec<Arc<Container>>>>>;
+
+/// Module containers by key (`name:version`): what a base's pods want.
+type Desired = BTreeMap<String, Arc<Container>>;
+
+/// A pod's module containers in its spec's order, with their keys. Kept here only (the
+/// stored pod's spec has none) and shared, not copied, with [`Desired`] and the baselines:
+/// a `Container` is over a kilobyte, and copies of them (in B-tree nodes that hold room for
+/// eleven) were most of the controller's memory at 10,000 pods.
+#[derive(Clone, Default)]
+struct Modules(Vec<(String, Arc<Container>)>);
+
+impl Modules {
+    fn of(containers: Vec<Container>) -> Self {
+        Modules(containers.into_iter().map(|c| (mapping::container_key(&c), Arc::new(c))).collect())
+    }
+    fn get(&self, key: &str) -> Option<&Arc<Container>> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, c)| c)
+    }
+    fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+    fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Container>)> {
+        self.0.iter().map(|(k, c)| (k, c))
+    }
+}
 
 /// Each vnode's arklet (`host:port` of its base's HTTP API, where a module's logs are),
 /// by node name: what the kubelet API ([`crate::kubelet_api`]) reads.
@@ -186,7 +221,8 @@ pub struct Controller {
     writer: Writer,
     tx: mpsc::UnboundedSender<Event>,
     bases: HashMap<String, Base>,
-    pods: HashMap<String, PodEntry>,
+    /// Boxed: the table stays small as it grows (a `Pod` is large inline).
+    pods: HashMap<String, Box<PodEntry>>,
     pods_by_base: HashMap<String, HashSet<String>>,
     seen_in_relist: Option<HashSet<String>>,
     synced: bool,
@@ -205,6 +241,30 @@ fn unix_now() -> f64 {
 /// (name, namespace, uid) of a pod, as the back-off message names it.
 fn pod_names(p: &Pod) -> (String, String, String) {
     (p.name_any(), p.namespace().unwrap_or_default(), p.metadata.uid.clone().unwrap_or_default())
+}
+
+/// A pod as the controller keeps it: only what it reads (names, UID, resourceVersion,
+/// deletion; the containers, node and restart policy; the status), as informers that hold
+/// many objects drop the rest (managedFields alone is often most of a pod's metadata).
+fn kept(p: Pod) -> Pod {
+    let m = p.metadata;
+    Pod {
+        metadata: ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            deletion_timestamp: m.deletion_timestamp,
+            ..Default::default()
+        },
+        spec: p.spec.map(|s| PodSpec {
+            containers: s.containers,
+            node_name: s.node_name,
+            restart_policy: s.restart_policy,
+            ..Default::default()
+        }),
+        status: p.status,
+    }
 }
 
 fn pod_key(p: &Pod) -> String {
@@ -236,7 +296,8 @@ impl Controller {
             tunnel.register_callbacks(Arc::new(Callbacks(tx.clone(), i)));
             let b = baselines.clone();
             tunnel.register_query(Arc::new(move |req: QueryBaselineRequest| {
-                b.read().ok().and_then(|m| m.get(&req.identity).cloned()).unwrap_or_default()
+                let b = b.read().unwrap_or_else(|e| e.into_inner());
+                b.get(&req.identity).map(|v| v.iter().map(|c| Container::clone(c)).collect()).unwrap_or_default()
             }));
         }
         let c = Controller {
@@ -261,7 +322,6 @@ impl Controller {
     /// Start the pod watch and the tick, then handle events until the channel closes.
     pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Event>, ready: common::Ready) {
         kubeio::ensure_lease_namespace(&self.client).await;
-        self.spawn_pod_watch();
         let tx = self.tx.clone();
         tokio::spawn(async move {
             let mut t = tokio::time::interval(Duration::from_secs(1));
@@ -272,7 +332,17 @@ impl Controller {
                 }
             }
         });
-        while let Some(ev) = rx.recv().await {
+        // The pod watch's events come through a bounded channel: when pods arrive faster
+        // than the controller takes them in, the watch waits (and the apiserver holds the
+        // events) instead of this process queueing decoded pods without limit.
+        let (pods_tx, mut pods_rx) = mpsc::channel(POD_EVENTS);
+        self.spawn_pod_watch(pods_tx);
+        loop {
+            let ev = tokio::select! {
+                Some(ev) = rx.recv() => ev,
+                Some(ev) = pods_rx.recv() => ev,
+                else => break,
+            };
             if matches!(ev, Event::PodsSynced) {
                 ready.set(true);
             }
@@ -280,25 +350,26 @@ impl Controller {
         }
     }
 
-    fn spawn_pod_watch(&self) {
+    fn spawn_pod_watch(&self, tx: mpsc::Sender<Event>) {
         let api: Api<Pod> = Api::all(self.client.clone());
-        let tx = self.tx.clone();
         let cfg = watcher::Config::default().labels(&mapping::module_pod_selector());
         tokio::spawn(async move {
             let mut stream = watcher::watcher(api, cfg).boxed();
             while let Some(ev) = stream.next().await {
                 let ev = match ev {
                     Ok(watcher::Event::Init) => Event::PodsRelist,
-                    Ok(watcher::Event::InitApply(p)) | Ok(watcher::Event::Apply(p)) => Event::PodApplied(Box::new(p)),
+                    Ok(watcher::Event::InitApply(p)) | Ok(watcher::Event::Apply(p)) => {
+                        Event::PodApplied(Box::new(kept(p)))
+                    }
                     Ok(watcher::Event::InitDone) => Event::PodsSynced,
-                    Ok(watcher::Event::Delete(p)) => Event::PodDeleted(Box::new(p)),
+                    Ok(watcher::Event::Delete(p)) => Event::PodDeleted(Box::new(kept(p))),
                     Err(e) => {
                         tracing::warn!(error = %e, "module pod watch error");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                         continue;
                     }
                 };
-                if tx.send(ev).is_err() {
+                if tx.send(ev).await.is_err() {
                     break;
                 }
             }
@@ -347,6 +418,11 @@ impl Controller {
                 let ids: Vec<String> = self.bases.keys().cloned().collect();
                 for id in ids {
                     self.reconcile_base(&id);
+                }
+            }
+            Event::StatusWriteFailed(key) => {
+                if let Some(e) = self.pods.get_mut(&key) {
+                    e.sent = 0;
                 }
             }
             Event::Tick => self.on_tick(),
@@ -563,7 +639,11 @@ impl Controller {
         let tx = self.tx.clone();
         let id_s = id.to_string();
         self.writer.submit(format!("node/{id}"), async move {
-            match kubeio::patch_node_status(&client, &name, &status).await {
+            let patch = match kubeio::StatusPatch::new(&status) {
+                Ok(p) => p,
+                Err(e) => return tracing::warn!(error = %e, node = %name, "serializing a vnode's status"),
+            };
+            match kubeio::patch_node_status(&client, &name, &patch).await {
                 Ok(()) => {
                     let _ = tx.send(Event::NodeWritten(id_s, Box::new(status)));
                 }
@@ -635,8 +715,17 @@ impl Controller {
     fn on_containers(&mut self, id: &str, list: Vec<ContainerStatusData>) {
         let Some(base) = self.bases.get_mut(id).filter(|b| b.owned()) else { return };
         let now = Instant::now();
-        let mut fresh: HashMap<String, Module> =
-            list.into_iter().map(|d| (d.key.clone(), Module { data: d, updated: now })).collect();
+        // A module in the state already known keeps the time it was first seen in it (the
+        // install's answer came first): its container's startedAt does not move.
+        let mut fresh: HashMap<String, Module> = list
+            .into_iter()
+            .map(|mut d| {
+                if let Some(known) = base.modules.get(&d.key).filter(|m| m.data.state == d.state) {
+                    d.change_time_ms = known.data.change_time_ms;
+                }
+                (d.key.clone(), Module { data: d, updated: now })
+            })
+            .collect();
         // Keep what operation results told us after this report was asked for.
         let asked = base.last_query;
         for (k, m) in base.modules.drain() {
@@ -699,11 +788,11 @@ impl Controller {
     }
 
     /// The modules the live pods on a base want, by key.
-    fn desired(&self, id: &str) -> BTreeMap<String, Container> {
+    fn desired(&self, id: &str) -> Desired {
         let mut out = BTreeMap::new();
         for k in self.pods_by_base.get(id).into_iter().flatten() {
             if let Some(e) = self.pods.get(k).filter(|e| !e.deleting()) {
-                out.extend(e.keys.clone());
+                out.extend(e.keys.iter().map(|(k, c)| (k.clone(), c.clone())));
             }
         }
         out
@@ -758,7 +847,7 @@ impl Controller {
         let held = self.restart_modules(id);
         let Some(base) = self.bases.get(id) else { return };
         let desired = self.desired(id);
-        let missing: Vec<(String, Container)> = desired
+        let missing: Vec<(String, Arc<Container>)> = desired
             .iter()
             .filter(|(k, _)| !held.contains(*k))
             .filter(|(k, _)| match base.modules.get(*k) {
@@ -767,11 +856,11 @@ impl Controller {
             })
             .map(|(k, c)| (k.clone(), c.clone()))
             .collect();
-        let unowned: Vec<(String, Container)> = if self.synced {
+        let unowned: Vec<(String, Arc<Container>)> = if self.synced {
             base.modules
                 .iter()
                 .filter(|(k, _)| !desired.contains_key(*k))
-                .map(|(k, m)| (k.clone(), container_of(k, &m.data.name)))
+                .map(|(k, m)| (k.clone(), Arc::new(container_of(k, &m.data.name))))
                 .collect()
         } else {
             vec![]
@@ -799,7 +888,7 @@ impl Controller {
             let Some(e) = self.pods.get_mut(pk).filter(|e| !e.deleting()) else { continue };
             let policy = e.pod.spec.as_ref().and_then(|s| s.restart_policy.clone());
             let mut waits = false;
-            for (key, c) in &e.keys {
+            for (key, c) in e.keys.iter() {
                 let h = e.history.entry(key.clone()).or_default();
                 match restart::observe(h, base.modules.get(key).map(|m| &m.data), now) {
                     restart::Observed::Started => {
@@ -868,7 +957,7 @@ impl Controller {
             if !e.deleting() || e.delete_sent {
                 continue;
             }
-            let remaining: Vec<(String, Container)> = match self.bases.get(id) {
+            let remaining: Vec<(String, Arc<Container>)> = match self.bases.get(id) {
                 Some(b) if active => e
                     .keys
                     .iter()
@@ -933,8 +1022,16 @@ impl Controller {
             };
             Some(mapping::Restarts { count: h.restart_count, last: restart::last_state(h), waiting })
         };
-        let status =
-            mapping::pod_status(&e.pod, &modules, &restarts, &base.info.network.node_ip, alive, Timestamp::now());
+        let containers: Vec<&Container> = e.keys.iter().map(|(_, c)| &**c).collect();
+        let status = mapping::pod_status(
+            &e.pod,
+            &containers,
+            &modules,
+            &restarts,
+            &base.info.network.node_ip,
+            alive,
+            Timestamp::now(),
+        );
         let any_reported = status.container_statuses.iter().flatten().any(|s| s.state.is_some());
         let current = e.pod.status.as_ref();
         if !any_reported && current.and_then(|s| s.container_statuses.as_ref()).is_none() {
@@ -943,18 +1040,30 @@ impl Controller {
         if !mapping::pod_status_changed(current, &status) {
             return;
         }
+        let digest = mapping::pod_status_digest(&status);
+        if e.sent == digest {
+            return;
+        }
         let client = self.client.clone();
         let ns = e.pod.namespace().unwrap_or_default();
         let name = e.pod.name_any();
+        let patch = match kubeio::StatusPatch::new(&status) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, pod = %name, "serializing a module pod's status");
+                return;
+            }
+        };
         // Remember what we sent so the same status is not sent again before the watch shows it.
         if let Some(e) = self.pods.get_mut(key) {
-            let mut p = e.pod.clone();
-            p.status = Some(status.clone());
-            e.pod = p;
+            e.pod.status = Some(status);
+            e.sent = digest;
         }
+        let (tx, key) = (self.tx.clone(), key.to_string());
         self.writer.submit(format!("status/{key}"), async move {
-            if let Err(e) = kubeio::patch_pod_status(&client, &ns, &name, &status).await {
+            if let Err(e) = kubeio::patch_pod_status(&client, &ns, &name, &patch).await {
                 tracing::warn!(error = %e, pod = %name, "patching module pod status");
+                let _ = tx.send(Event::StatusWriteFailed(key));
             }
         });
     }
@@ -974,22 +1083,19 @@ impl Controller {
             }
             return;
         };
-        let containers = pod.spec.as_ref().map(|s| s.containers.clone()).unwrap_or_default();
-        let keys: BTreeMap<String, Container> =
-            containers.iter().map(|c| (mapping::container_key(c), c.clone())).collect();
+        let mut pod = pod;
+        let keys = Modules::of(pod.spec.as_mut().map(|s| std::mem::take(&mut s.containers)).unwrap_or_default());
         let previous = self.pods.remove(&key);
         let (old_keys, delete_sent) = match &previous {
             Some(p) => (p.keys.clone(), p.delete_sent),
-            None => (BTreeMap::new(), false),
+            None => (Modules::default(), false),
         };
-        // The restarts of the same pod (not of an earlier one of the same name).
-        let history = previous
-            .as_ref()
-            .filter(|p| p.pod.metadata.uid == pod.metadata.uid)
-            .map(|p| p.history.clone())
-            .unwrap_or_default();
+        // The restarts and the last status written of the same pod (not of an earlier one of
+        // the same name).
+        let same = previous.as_ref().filter(|p| p.pod.metadata.uid == pod.metadata.uid);
+        let history = same.map(|p| p.history.clone()).unwrap_or_default();
+        let sent = same.map_or(0, |p| p.sent);
         // Keep our last sent status if the watch has not caught up with it yet.
-        let mut pod = pod;
         if let Some(prev) = &previous {
             let rv_new = pod.metadata.resource_version.clone();
             let rv_old = prev.pod.metadata.resource_version.clone();
@@ -997,9 +1103,9 @@ impl Controller {
                 pod.status = prev.pod.status.clone();
             }
         }
-        let entry = PodEntry { pod, base: base_id.clone(), keys: keys.clone(), delete_sent, history };
+        let entry = PodEntry { pod, base: base_id.clone(), keys: keys.clone(), delete_sent, history, sent };
         let deleting = entry.deleting();
-        self.pods.insert(key.clone(), entry);
+        self.pods.insert(key.clone(), Box::new(entry));
         self.pods_by_base.entry(base_id.clone()).or_default().insert(key.clone());
         self.update_baseline(&base_id);
         let active = self.bases.get(&base_id).is_some_and(|b| b.active());
@@ -1012,7 +1118,7 @@ impl Controller {
         }
         // Update: modules removed from the pod are uninstalled before the new ones go in.
         let desired = self.desired(&base_id);
-        for (k, c) in old_keys.iter().filter(|(k, _)| !keys.contains_key(*k) && !desired.contains_key(*k)) {
+        for (k, c) in old_keys.iter().filter(|(k, _)| !keys.contains_key(k) && !desired.contains_key(*k)) {
             self.uninstall(&base_id, k, c, &key);
         }
         let reported = self.bases.get(&base_id).is_some_and(|b| b.modules_reported);
@@ -1046,7 +1152,7 @@ impl Controller {
     }
 
     fn update_baseline(&self, id: &str) {
-        let containers: Vec<Container> = self.desired(id).into_values().collect();
+        let containers: Vec<Arc<Container>> = self.desired(id).into_values().collect();
         if let Ok(mut b) = self.baselines.write() {
             b.insert(id.to_string(), containers);
         }

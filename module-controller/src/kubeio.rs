@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeStatus, Pod, PodStatus, Taint};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -116,23 +116,33 @@ pub async fn ensure_node(client: &kube::Client, node: &Node) -> anyhow::Result<(
         }
     }
     if let Some(status) = &node.status {
-        patch_node_status(client, &name, status).await?;
+        patch_node_status(client, &name, &StatusPatch::new(status)?).await?;
     }
     Ok(())
 }
 
-pub async fn patch_node_status(client: &kube::Client, name: &str, status: &NodeStatus) -> anyhow::Result<()> {
+pub async fn patch_node_status(client: &kube::Client, name: &str, patch: &StatusPatch) -> anyhow::Result<()> {
     let api: Api<Node> = Api::all(client.clone());
     METRICS.api_writes.with_label_values(&["node_status"]).inc();
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": status}))).await?;
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch.0)).await?;
     Ok(())
 }
 
+/// A merge patch `{"status": …}`, serialized when it is made: writes wait in the background
+/// (one per object, thousands at scale), and the JSON text is a fraction of the structs.
+pub struct StatusPatch(Box<serde_json::value::RawValue>);
+
+impl StatusPatch {
+    pub fn new<T: serde::Serialize>(status: &T) -> anyhow::Result<Self> {
+        Ok(StatusPatch(serde_json::value::to_raw_value(&json!({ "status": status }))?))
+    }
+}
+
 /// Patch a module pod's status; a pod already gone is fine.
-pub async fn patch_pod_status(client: &kube::Client, ns: &str, name: &str, status: &PodStatus) -> anyhow::Result<()> {
+pub async fn patch_pod_status(client: &kube::Client, ns: &str, name: &str, patch: &StatusPatch) -> anyhow::Result<()> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     METRICS.api_writes.with_label_values(&["pod_status"]).inc();
-    match api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": status}))).await {
+    match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch.0)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),

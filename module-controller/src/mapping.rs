@@ -445,15 +445,17 @@ const OWNED_CONDITIONS: [&str; 4] = ["PodScheduled", "Initialized", "ContainersR
 /// While the base is silent (`base_alive` false) the pod is not Ready (`NodeNotReady`), as
 /// Kubernetes' node lifecycle controller marks pods of a NotReady node.
 /// Transition times and `startTime` are kept from the pod's current status when unchanged.
+/// `containers` are the pod's, in its spec's order (the controller keeps them apart from the pod).
+#[allow(clippy::too_many_arguments)]
 pub fn pod_status(
     pod: &Pod,
+    containers: &[&Container],
     modules: &dyn Fn(&str) -> Option<ContainerStatusData>,
     restarts: &dyn Fn(&str) -> Option<Restarts>,
     host_ip: &str,
     base_alive: bool,
     now: Timestamp,
 ) -> PodStatus {
-    let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
     let mut statuses: Vec<ContainerStatus> = containers
         .iter()
         .map(|c| {
@@ -512,21 +514,32 @@ pub fn pod_status(
     }
 }
 
+/// What this controller owns of a pod's status (transition times aside).
+fn owned(s: &PodStatus) -> impl PartialEq + serde::Serialize + '_ {
+    let mut conds: Vec<(&str, &str, Option<&str>)> = s
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| OWNED_CONDITIONS.contains(&c.type_.as_str()))
+        .map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_deref()))
+        .collect();
+    conds.sort();
+    (s.phase.as_deref(), conds, s.container_statuses.as_ref(), s.host_ip.as_deref(), s.pod_ip.as_deref())
+}
+
 /// Whether `desired` differs from the pod's current status in what this controller owns.
 pub fn pod_status_changed(current: Option<&PodStatus>, desired: &PodStatus) -> bool {
     let Some(cur) = current else { return true };
-    fn owned(s: &PodStatus) -> impl PartialEq + '_ {
-        let mut conds: Vec<(&str, &str, Option<&str>)> = s
-            .conditions
-            .iter()
-            .flatten()
-            .filter(|c| OWNED_CONDITIONS.contains(&c.type_.as_str()))
-            .map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_deref()))
-            .collect();
-        conds.sort();
-        (s.phase.as_deref(), conds, s.container_statuses.as_ref(), s.host_ip.as_deref(), s.pod_ip.as_deref())
-    }
     owned(cur) != owned(desired)
+}
+
+/// A digest of what this controller owns of a status: equal digests, same status as far
+/// as [`pod_status_changed`] can tell (what the controller remembers of a status it sent).
+pub fn pod_status_digest(s: &PodStatus) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(&owned(s)).unwrap_or_default().hash(&mut h);
+    h.finish()
 }
 
 #[cfg(test)]
@@ -534,6 +547,18 @@ mod tests {
     use super::*;
     use crate::protocol::*;
     use k8s_openapi::api::core::v1::{EnvVar, PodSpec};
+
+    /// The status of `p` with its spec's containers, the modules `modules` reports, no restarts.
+    fn status_of(
+        p: &Pod,
+        modules: &dyn Fn(&str) -> Option<ContainerStatusData>,
+        ip: &str,
+        alive: bool,
+        at: Timestamp,
+    ) -> PodStatus {
+        let containers: Vec<&Container> = p.spec.iter().flat_map(|s| s.containers.iter()).collect();
+        pod_status(p, &containers, modules, &|_| None, ip, alive, at)
+    }
 
     /// The controller's kubelet endpoint the vnodes publish.
     fn kubelet() -> KubeletEndpoint {
@@ -728,24 +753,17 @@ mod tests {
     #[test]
     fn pod_phase_follows_modules() {
         let p = pod(vec![module("a", "1"), module("b", "1")]);
-        let none = pod_status(&p, &|_| None, &|_| None, "10.0.0.5", true, now());
+        let none = status_of(&p, &|_| None, "10.0.0.5", true, now());
         assert_eq!(none.phase.as_deref(), Some("Pending"));
-        let some = pod_status(
-            &p,
-            &|k| (k == "a:1").then(|| csd(k, ContainerState::Activated, "")),
-            &|_| None,
-            "10.0.0.5",
-            true,
-            now(),
-        );
+        let some =
+            status_of(&p, &|k| (k == "a:1").then(|| csd(k, ContainerState::Activated, "")), "10.0.0.5", true, now());
         assert_eq!(some.phase.as_deref(), Some("Running"));
         assert_eq!(ready_of(&some), "False");
-        let all = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), &|_| None, "10.0.0.5", true, now());
+        let all = status_of(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "10.0.0.5", true, now());
         assert_eq!(all.phase.as_deref(), Some("Running"));
         assert_eq!(ready_of(&all), "True");
         assert_eq!(all.host_ip.as_deref(), Some("10.0.0.5"));
-        let silent =
-            pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), &|_| None, "10.0.0.5", false, now());
+        let silent = status_of(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "10.0.0.5", false, now());
         assert_eq!(ready_of(&silent), "False");
         let reason = silent.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap().reason;
         assert_eq!(reason.as_deref(), Some("NodeNotReady"));
@@ -754,15 +772,23 @@ mod tests {
     #[test]
     fn unchanged_status_is_not_patched_again() {
         let mut p = pod(vec![module("a", "1")]);
-        let s1 = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), &|_| None, "ip", true, now());
+        let s1 = status_of(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "ip", true, now());
         assert!(pod_status_changed(None, &s1));
         p.status = Some(s1.clone());
         let later = now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(60)).unwrap();
-        let s2 = pod_status(&p, &|k| Some(csd(k, ContainerState::Activated, "")), &|_| None, "ip", true, later);
+        let s2 = status_of(&p, &|k| Some(csd(k, ContainerState::Activated, "")), "ip", true, later);
         assert_eq!(s1, s2);
         assert!(!pod_status_changed(p.status.as_ref(), &s2));
-        let s3 = pod_status(&p, &|k| Some(csd(k, ContainerState::Broken, "x")), &|_| None, "ip", true, later);
+        let s3 = status_of(&p, &|k| Some(csd(k, ContainerState::Broken, "x")), "ip", true, later);
         assert!(pod_status_changed(p.status.as_ref(), &s3));
+        // The digest the controller remembers of a written status tells the same apart from
+        // a change, transition times aside.
+        let mut s2_later = s2.clone();
+        for c in s2_later.conditions.iter_mut().flatten() {
+            c.last_transition_time = None;
+        }
+        assert_eq!(pod_status_digest(&s1), pod_status_digest(&s2_later));
+        assert_ne!(pod_status_digest(&s1), pod_status_digest(&s3));
     }
 
     #[test]

@@ -1,14 +1,18 @@
 //! Benchmark of module-controller at scale (one command):
 //!
 //! ```text
-//! MC_BENCH_BASES=1000 MC_BENCH_PODS=10000 cargo bench -p e2e --bench module_controller
+//! MC_BENCH_SCALES=1000x10000,5000x50000 cargo bench -p e2e --bench module_controller
 //! ```
 //!
-//! `base --simulate N` runs N simulated bases over one MQTT connection; module pods are
+//! Each scale `BASESxPODS` runs on its own fresh apiserver, broker and controller (release
+//! builds): `base --simulate BASES` runs the bases over one MQTT connection; module pods are
 //! created bound round-robin to their vnodes (the scheduler's part is measured by its own
-//! benchmark); reported: time from the first create to all pods Running/Ready, pods/s, the
-//! module-controller's CPU seconds and RSS, and tunnel messages per second. Defaults are
-//! small (50 bases, 500 pods) so the suite stays quick. No timed assertions.
+//! benchmark). Reported per scale: time from the first create to all pods Running/Ready,
+//! pods/s, the CPU seconds of the controller, the apiserver and the broker over that time, the
+//! controller's RSS (at the end and its peak), and the tunnel messages per second through the
+//! broker (the controller's side: received + sent). The first scale is the baseline the others
+//! are compared with. The default is one small scale (50x500) so the suite stays quick. No
+//! timed assertions.
 
 use std::time::{Duration, Instant};
 
@@ -20,20 +24,120 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
+/// What one scale measured.
+struct Run {
+    bases: usize,
+    pods: usize,
+    join_s: f64,
+    created_s: f64,
+    total_s: f64,
+    controller_cpu_s: f64,
+    apiserver_cpu_s: f64,
+    broker_cpu_s: f64,
+    rss: u64,
+    peak_rss: u64,
+    messages_per_s: f64,
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        self.pods as f64 / self.total_s.max(1e-3)
+    }
+}
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-fn main() -> Result<()> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(module_pods_to_running_at_scale())
+/// `MC_BENCH_SCALES` (`BASESxPODS,…`), else `MC_BENCH_BASES` x `MC_BENCH_PODS` (50x500).
+fn scales() -> Vec<(usize, usize)> {
+    match std::env::var("MC_BENCH_SCALES") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|s| s.trim().split_once('x'))
+            .map(|(b, p)| {
+                let bad = || panic!("MC_BENCH_SCALES: {v:?} is not BASESxPODS,…");
+                (b.parse().unwrap_or_else(|_| bad()), p.parse().unwrap_or_else(|_| bad()))
+            })
+            .collect(),
+        Err(_) => vec![(env_usize("MC_BENCH_BASES", 50), env_usize("MC_BENCH_PODS", 500))],
+    }
 }
 
-async fn module_pods_to_running_at_scale() -> Result<()> {
+fn main() -> Result<()> {
     if !require("mosquitto", "mosquitto") {
         return Ok(());
     }
-    let bases = env_usize("MC_BENCH_BASES", 50);
-    let pods_n = env_usize("MC_BENCH_PODS", 500);
+    e2e::use_release_apiserver();
+    use_release_module_controller();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut runs = Vec::new();
+    for (bases, pods) in scales() {
+        let run = rt.block_on(module_pods_to_running_at_scale(bases, pods))?;
+        println!(
+            "module-controller bench: bases={} pods={} vnodes_ready_in={:.1}s created_in={:.1}s all_running_in={:.1}s \
+             rate={:.0} pods/s controller_cpu={:.1}s ({:.0}% of one core) apiserver_cpu={:.1}s broker_cpu={:.1}s \
+             controller_rss={} MiB (peak {} MiB) tunnel_messages={:.0}/s",
+            run.bases,
+            run.pods,
+            run.join_s,
+            run.created_s,
+            run.total_s,
+            run.rate(),
+            run.controller_cpu_s,
+            run.controller_cpu_s / run.total_s.max(1e-3) * 100.0,
+            run.apiserver_cpu_s,
+            run.broker_cpu_s,
+            run.rss >> 20,
+            run.peak_rss >> 20,
+            run.messages_per_s,
+        );
+        runs.push(run);
+    }
+    if let Some((base, rest)) = runs.split_first() {
+        for r in rest {
+            println!(
+                "module-controller bench: {}x{} vs {}x{} (baseline, same run): rate {:.2}x, controller CPU per pod {:.2}x, \
+                 apiserver CPU per pod {:.2}x, peak RSS {:.2}x",
+                r.bases,
+                r.pods,
+                base.bases,
+                base.pods,
+                r.rate() / base.rate(),
+                (r.controller_cpu_s / r.pods as f64) / (base.controller_cpu_s / base.pods as f64).max(1e-9),
+                (r.apiserver_cpu_s / r.pods as f64) / (base.apiserver_cpu_s / base.pods as f64).max(1e-9),
+                r.peak_rss as f64 / (base.peak_rss as f64).max(1.0),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Resolves once `n` pods labelled `bench=yes` are Ready, as a watch sees them.
+async fn ready_count(pods: Api<Pod>, n: usize) {
+    let cfg = kube::runtime::watcher::Config::default().labels("bench=yes");
+    let mut stream = kube::runtime::watcher(pods, cfg).boxed();
+    let mut ready = std::collections::HashSet::new();
+    while let Some(ev) = stream.next().await {
+        let Ok(ev) = ev else { continue };
+        let (kube::runtime::watcher::Event::Apply(p) | kube::runtime::watcher::Event::InitApply(p)) = ev else {
+            continue;
+        };
+        let is_ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if is_ready {
+            ready.insert(p.metadata.name.unwrap_or_default());
+        }
+        if ready.len() >= n {
+            return;
+        }
+    }
+}
+
+async fn module_pods_to_running_at_scale(bases: usize, pods_n: usize) -> Result<Run> {
     let api = ApiServer::start()?;
     let broker = Broker::start()?;
     let dir = tempfile::tempdir()?;
@@ -68,13 +172,19 @@ async fn module_pods_to_running_at_scale() -> Result<()> {
     let join = t0.elapsed();
 
     let pid = mc.pid().unwrap_or_default();
+    let (api_pid, broker_pid) = (api.pid().unwrap_or_default(), broker.pid().unwrap_or_default());
     let (cpu0, _) = cpu_and_rss(pid).unwrap_or_default();
+    let (api_cpu0, _) = cpu_and_rss(api_pid).unwrap_or_default();
+    let (broker_cpu0, _) = cpu_and_rss(broker_pid).unwrap_or_default();
     let m0 = http_get(metrics_port, "/metrics").unwrap_or_default();
     let msgs = |m: &str| {
         metric_sum(m, "module_controller_tunnel_messages_received_total")
             + metric_sum(m, "module_controller_tunnel_commands_sent_total")
     };
     let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    // Readiness is counted from a watch started before the first create (a LIST of every pod
+    // polled in a loop would load the apiserver more than the controller does at this scale).
+    let ready = tokio::spawn(ready_count(pods.clone(), pods_n));
     let start = Instant::now();
     let creates = futures::stream::iter(0..pods_n)
         .map(|i| {
@@ -98,43 +208,40 @@ async fn module_pods_to_running_at_scale() -> Result<()> {
     let failed = creates.iter().filter(|r| r.is_err()).count();
     assert_eq!(failed, 0, "pod creates failed: {:?}", creates.iter().find(|r| r.is_err()));
     let created = start.elapsed();
-    let blp = ListParams::default().labels("bench=yes");
     let peak_rss = std::sync::atomic::AtomicU64::new(0);
-    let ok = eventually(Duration::from_secs(1800), || async {
-        if let Some((_, rss)) = cpu_and_rss(pid) {
-            peak_rss.fetch_max(rss, std::sync::atomic::Ordering::Relaxed);
+    let ok = tokio::time::timeout(Duration::from_secs(1800), async {
+        let mut ready = std::pin::pin!(ready);
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = &mut ready => break,
+                _ = tick.tick() => {
+                    if let Some((_, rss)) = cpu_and_rss(pid) {
+                        peak_rss.fetch_max(rss, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
         }
-        let l = pods.list(&blp).await.map(|l| l.items).unwrap_or_default();
-        let running = l
-            .iter()
-            .filter(|p| {
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-            .count();
-        running == pods_n
     })
     .await;
     assert!(ok.is_ok(), "not all {pods_n} module pods reached Running\n{}", mc.log_text());
     let total = start.elapsed();
     let (cpu1, rss) = cpu_and_rss(pid).unwrap_or_default();
+    let (api_cpu1, _) = cpu_and_rss(api_pid).unwrap_or_default();
+    let (broker_cpu1, _) = cpu_and_rss(broker_pid).unwrap_or_default();
     let m1 = http_get(metrics_port, "/metrics").unwrap_or_default();
     let secs = total.as_secs_f64().max(1e-3);
-    println!(
-        "module-controller bench: bases={bases} pods={pods_n} vnodes_ready_in={:.1}s created_in={:.1}s \
-         all_running_in={:.1}s rate={:.0} pods/s controller_cpu={:.1}s ({:.0}% of one core) \
-         controller_rss={} MiB (peak {} MiB) tunnel_messages={:.0}/s",
-        join.as_secs_f64(),
-        created.as_secs_f64(),
-        secs,
-        pods_n as f64 / secs,
-        cpu1 - cpu0,
-        (cpu1 - cpu0) / secs * 100.0,
-        rss >> 20,
-        peak_rss.load(std::sync::atomic::Ordering::Relaxed).max(rss) >> 20,
-        (msgs(&m1) - msgs(&m0)) / secs,
-    );
-    Ok(())
+    Ok(Run {
+        bases,
+        pods: pods_n,
+        join_s: join.as_secs_f64(),
+        created_s: created.as_secs_f64(),
+        total_s: secs,
+        controller_cpu_s: cpu1 - cpu0,
+        apiserver_cpu_s: api_cpu1 - api_cpu0,
+        broker_cpu_s: broker_cpu1 - broker_cpu0,
+        rss,
+        peak_rss: peak_rss.load(std::sync::atomic::Ordering::Relaxed).max(rss),
+        messages_per_s: (msgs(&m1) - msgs(&m0)) / secs,
+    })
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::events::{Recorder, NORMAL, WARNING};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, EnvVar, NodeStatus, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, EnvVar, NodeStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -174,6 +174,10 @@ struct PodEntry {
     /// its write failed): a watch event that still shows an older status does not make the
     /// controller write the same status again.
     sent: u64,
+    /// The digest of the status the pod shows (or was last written); `None` while it shows no
+    /// container statuses. The stored pod's status keeps no container statuses: what is
+    /// compared is this digest, and the rest of the status is what the next one builds on.
+    current: Option<u64>,
 }
 
 impl PodEntry {
@@ -1033,15 +1037,11 @@ impl Controller {
             Timestamp::now(),
         );
         let any_reported = status.container_statuses.iter().flatten().any(|s| s.state.is_some());
-        let current = e.pod.status.as_ref();
-        if !any_reported && current.and_then(|s| s.container_statuses.as_ref()).is_none() {
-            return;
-        }
-        if !mapping::pod_status_changed(current, &status) {
+        if !any_reported && e.current.is_none() {
             return;
         }
         let digest = mapping::pod_status_digest(&status);
-        if e.sent == digest {
+        if e.current == Some(digest) || e.sent == digest {
             return;
         }
         let client = self.client.clone();
@@ -1056,8 +1056,9 @@ impl Controller {
         };
         // Remember what we sent so the same status is not sent again before the watch shows it.
         if let Some(e) = self.pods.get_mut(key) {
-            e.pod.status = Some(status);
+            e.pod.status = Some(PodStatus { container_statuses: None, ..status });
             e.sent = digest;
+            e.current = Some(digest);
         }
         let (tx, key) = (self.tx.clone(), key.to_string());
         self.writer.submit(format!("status/{key}"), async move {
@@ -1095,15 +1096,19 @@ impl Controller {
         let same = previous.as_ref().filter(|p| p.pod.metadata.uid == pod.metadata.uid);
         let history = same.map(|p| p.history.clone()).unwrap_or_default();
         let sent = same.map_or(0, |p| p.sent);
+        let mut current =
+            pod.status.as_ref().filter(|s| s.container_statuses.is_some()).map(mapping::pod_status_digest);
         // Keep our last sent status if the watch has not caught up with it yet.
         if let Some(prev) = &previous {
-            let rv_new = pod.metadata.resource_version.clone();
-            let rv_old = prev.pod.metadata.resource_version.clone();
-            if rv_new == rv_old {
+            if pod.metadata.resource_version == prev.pod.metadata.resource_version {
                 pod.status = prev.pod.status.clone();
+                current = prev.current;
             }
         }
-        let entry = PodEntry { pod, base: base_id.clone(), keys: keys.clone(), delete_sent, history, sent };
+        if let Some(s) = pod.status.as_mut() {
+            s.container_statuses = None;
+        }
+        let entry = PodEntry { pod, base: base_id.clone(), keys: keys.clone(), delete_sent, history, sent, current };
         let deleting = entry.deleting();
         self.pods.insert(key.clone(), Box::new(entry));
         self.pods_by_base.entry(base_id.clone()).or_default().insert(key.clone());

@@ -78,7 +78,14 @@ impl Cluster {
         std::fs::read_to_string(self.home.join(format!("logs/{component}.log"))).unwrap_or_default()
     }
 
+    /// kubectl's exit status and its output: stdout and stderr together.
     fn kubectl_in(&self, args: &[&str], input: Option<&str>) -> (bool, String) {
+        let (ok, stdout, stderr) = self.kubectl_apart(args, input);
+        (ok, format!("{stdout}{stderr}"))
+    }
+
+    /// kubectl's exit status, stdout and stderr apart.
+    fn kubectl_apart(&self, args: &[&str], input: Option<&str>) -> (bool, String, String) {
         let mut child = Command::new(kubectl_bin())
             .arg("--kubeconfig")
             .arg(self.home.join("kubeconfig"))
@@ -94,7 +101,8 @@ impl Cluster {
         let out = child.wait_with_output().unwrap();
         (
             out.status.success(),
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     }
 
@@ -155,8 +163,15 @@ impl Drop for Cluster {
 }
 
 /// Run `cmd` in a pod's container through the official `kubectl exec`: (exit ok, output).
+/// Run `cmd` in a pod's container: whether it succeeded, and what it printed (its stdout;
+/// with kubectl's stderr too when it failed, to say why).
 fn in_pod(c: &Cluster, pod: &str, name: &str, cmd: &str) -> (bool, String) {
-    c.kubectl(&["exec", pod, "-c", name, "--", "sh", "-c", cmd])
+    let (ok, stdout, stderr) = c.kubectl_apart(&["exec", pod, "-c", name, "--", "sh", "-c", cmd], None);
+    if ok {
+        (ok, stdout)
+    } else {
+        (ok, format!("{stdout}{stderr}"))
+    }
 }
 
 /// GET `url` from a pod with busybox wget (`timeout` instead of -T, which this busybox
@@ -178,6 +193,30 @@ fn host_get(url: &str, host: Option<&str>) -> Result<String, String> {
     } else {
         Err(format!("curl {url}: {out}"))
     }
+}
+
+/// What the host's path to `ip` looked like when a request to it failed: the route, the
+/// Service rules and conntrack entries naming it, the kubeproxies running, their last
+/// syncs, and whether a second request a moment later answers (a transient gap in the
+/// rules, or a lasting one).
+fn host_path_diag(c: &Cluster, ip: &str) -> String {
+    let retry = {
+        std::thread::sleep(Duration::from_secs(1));
+        host_get(&format!("http://{ip}/"), None)
+    };
+    let kubeproxy_log = c.log("kubeproxy");
+    let tail: Vec<&str> = kubeproxy_log.lines().rev().take(15).collect();
+    format!(
+        "route: {}\nnat rules naming it and the hooks:\n{}\nnftables rules naming it:\n{}\n\
+         conntrack entries to it:\n{}\nkubeproxies on this host:\n{}\nkubeproxy log (last lines, newest first):\n{}\n\
+         the same request 1 s later: {retry:?}",
+        sh(&format!("ip route get {ip}")).1.trim(),
+        sh(&format!("iptables-save -t nat | grep -E -e '{ip}' -e '^-A (OUTPUT|PREROUTING) '")).1,
+        sh(&format!("nft list table ip kube-proxy 2>/dev/null | grep -F '{ip}'")).1,
+        sh(&format!("conntrack -L -d {ip} 2>&1")).1,
+        stdout("pgrep -a kubeproxy"),
+        tail.join("\n"),
+    )
 }
 
 /// `n` GETs of `url` from a pod in one exec: how many answers each body got.
@@ -354,7 +393,7 @@ fn scenario(mode: &str) {
 
     // From the host: cluster IP, node port, the DNS (through its cluster IP), the Ingress.
     for url in [format!("http://{ip}/"), format!("http://{node_ip}:30080/"), "http://127.0.0.1:30080/".to_string()] {
-        let body = host_get(&url, None).unwrap();
+        let body = host_get(&url, None).unwrap_or_else(|e| panic!("{e}\n{}", host_path_diag(&c, &ip)));
         assert!(is_web(&body), "{url} from the host answered {body:?}");
     }
     let (ok, out) = sh(&format!("busybox nslookup web.default.svc.cluster.local {DNS_IP}"));
@@ -377,12 +416,12 @@ fn scenario(mode: &str) {
     });
     let other_ip = c.must(&["get", "svc", "other", "-o", "jsonpath={.spec.clusterIP}"]);
     wait_for("the other Service answering on its cluster IP", WAIT, || host_get(&format!("http://{other_ip}/"), None));
-    // On failure: nginx's view, and whether another kubeproxy on this host rewrote the rules.
+    // On failure: nginx's view, and the host's path to the Service nginx proxies to.
     let diag = || {
         format!(
-            "nginx error.log:\n{}\nkubeproxies on this host:\n{}",
+            "nginx error.log:\n{}\nthe host's path to the other Service:\n{}",
             std::fs::read_to_string(c.home.join("ingress/error.log")).unwrap_or_default(),
-            stdout("pgrep -a kubeproxy")
+            host_path_diag(&c, &other_ip)
         )
     };
     let body =
@@ -447,7 +486,11 @@ fn scenario(mode: &str) {
     c.wait_synced_after(seen_at, 2.0);
     let only = BTreeMap::from([(format!("v1 {name}"), 20)]);
     assert_eq!(spread(&c, clients[0], "client", "http://web/", 20), only, "after scaling down, only {name} answers");
-    let from_host: BTreeSet<String> = (0..10).map(|_| host_get(&format!("http://{ip}/"), None).unwrap()).collect();
+    let from_host: BTreeSet<String> = (0..10)
+        .map(|_| {
+            host_get(&format!("http://{ip}/"), None).unwrap_or_else(|e| panic!("{e}\n{}", host_path_diag(&c, &ip)))
+        })
+        .collect();
     assert_eq!(from_host, BTreeSet::from([format!("v1 {name}")]), "after scaling down, from the host");
 
     // Scale up: all three answer again.

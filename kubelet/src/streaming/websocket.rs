@@ -153,6 +153,15 @@ fn to_message(w: Wire) -> Message {
     }
 }
 
+/// How long after the upgrade the first message waits. client-go (kubectl ≥ 1.30) starts
+/// reading the connection in one goroutine while another creates its streams, and drops a
+/// message for a stream not created yet, printing `Unknown stream id 1, discarding message`
+/// on the user's terminal (and losing what it carried). Kubernetes' own path puts a dial to the
+/// kubelet and a runtime round trip between the upgrade and the first byte; a fast
+/// `docker exec` here leaves the client none, and a loaded machine delays its goroutines by
+/// milliseconds. The session itself starts at once; only its output waits.
+pub const ANNOUNCE_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Drive one session over `socket`: client messages feed stdin and resizes, the session's
 /// output is framed back, and the outcome ends it on the error channel before the close.
 pub async fn serve<F, Fut>(socket: WebSocket, proto: Protocol, stdin: bool, stdout: bool, stderr: bool, session: F)
@@ -174,9 +183,10 @@ where
     } else {
         ERROR
     };
-    if sink.send(to_message(encode(proto, first, &[]))).await.is_err() {
-        return;
-    }
+    // Nothing is sent for ANNOUNCE_DELAY after the upgrade (the session starts meanwhile).
+    let announce = tokio::time::sleep(ANNOUNCE_DELAY);
+    tokio::pin!(announce);
+    let mut announced = false;
 
     let reader = tokio::spawn(async move {
         let mut stdin_tx = Some(stdin_tx);
@@ -216,11 +226,12 @@ where
     tokio::pin!(session);
     let mut outcome = None;
     let (mut out_open, mut err_open) = (true, true);
-    while outcome.is_none() || out_open || err_open {
+    while !announced || outcome.is_none() || out_open || err_open {
         let (channel, data) = tokio::select! {
             o = &mut session, if outcome.is_none() => { outcome = Some(o); continue; }
-            d = out_rx.recv(), if out_open => match d { Some(d) => (STDOUT, d), None => { out_open = false; continue; } },
-            d = err_rx.recv(), if err_open => match d { Some(d) => (STDERR, d), None => { err_open = false; continue; } },
+            () = &mut announce, if !announced => { announced = true; (first, Bytes::new()) }
+            d = out_rx.recv(), if announced && out_open => match d { Some(d) => (STDOUT, d), None => { out_open = false; continue; } },
+            d = err_rx.recv(), if announced && err_open => match d { Some(d) => (STDERR, d), None => { err_open = false; continue; } },
         };
         if sink.send(to_message(encode(proto, channel, &data))).await.is_err() {
             reader.abort();

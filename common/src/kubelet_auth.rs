@@ -273,28 +273,41 @@ impl Auth {
         method: &Method,
         path: &str,
     ) -> Result<(), Response> {
-        let text = |code: StatusCode, msg: String| {
-            (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], msg).into_response()
-        };
+        let user = self.authenticate(certificate, authorization).await?;
+        self.authorize(&user, node, method, path).await
+    }
+
+    /// Who the caller is (its certificate user, or its bearer token reviewed), or the
+    /// `401 Unauthorized` answer.
+    pub async fn authenticate(
+        &self,
+        certificate: Option<&User>,
+        authorization: Option<&str>,
+    ) -> Result<User, Response> {
         let unauthorized = || text(StatusCode::UNAUTHORIZED, "Unauthorized".into());
-        let user = match decide(&self.settings, certificate, authorization) {
-            Step::Certificate(user) => user.clone(),
-            Step::Anonymous => User::anonymous(),
-            Step::Unauthorized => return Err(unauthorized()),
+        match decide(&self.settings, certificate, authorization) {
+            Step::Certificate(user) => Ok(user.clone()),
+            Step::Anonymous => Ok(User::anonymous()),
+            Step::Unauthorized => Err(unauthorized()),
             Step::Review(token) => match self.review(token).await {
-                Ok(Some(user)) => user,
-                Ok(None) => return Err(unauthorized()),
+                Ok(Some(user)) => Ok(user),
+                Ok(None) => Err(unauthorized()),
                 Err(e) => {
                     tracing::warn!(error = %e, "reviewing a caller's token failed");
-                    return Err(unauthorized());
+                    Err(unauthorized())
                 }
             },
-        };
+        }
+    }
+
+    /// Whether `user` may make this request (method, path) of `node`'s kubelet API: `Ok`,
+    /// or the `403 Forbidden` (or, when the apiserver cannot be asked, 500) answer.
+    pub async fn authorize(&self, user: &User, node: &str, method: &Method, path: &str) -> Result<(), Response> {
         if self.settings.mode == Mode::AlwaysAllow {
             return Ok(());
         }
         let (verb, subresource) = attributes(method, path);
-        match self.allowed(&user, node, verb, subresource).await {
+        match self.allowed(user, node, verb, subresource).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(text(StatusCode::FORBIDDEN, forbidden_message(&user.name, verb, subresource))),
             Err(e) => {
@@ -309,6 +322,11 @@ impl Auth {
             }
         }
     }
+}
+
+/// A plain-text answer, as the kubelet writes its refusals.
+fn text(code: StatusCode, msg: String) -> Response {
+    (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], msg).into_response()
 }
 
 /// The caller's credentials of a request: its verified certificate's user and its

@@ -68,6 +68,13 @@ async fn container_logs(
     RawQuery(query): RawQuery,
     req: Request,
 ) -> Response {
+    // Who asks comes first: an unauthenticated caller learns nothing, not even whether
+    // the pod exists.
+    let (certificate, authorization) = kubelet_auth::credentials(&req);
+    let user = match s.auth.authenticate(certificate.as_ref(), authorization.as_deref()).await {
+        Ok(user) => user,
+        Err(answer) => return answer,
+    };
     let found = match Api::<Pod>::namespaced(s.kube.clone(), &ns).get_opt(&pod).await {
         Ok(found) => found,
         Err(e) => {
@@ -77,10 +84,7 @@ async fn container_logs(
     };
     // A pod that does not exist is about no node: only a caller allowed on every node learns so.
     let node = found.as_ref().and_then(|p| p.spec.as_ref()).and_then(|s| s.node_name.clone()).unwrap_or_default();
-    let (certificate, authorization) = kubelet_auth::credentials(&req);
-    if let Err(answer) =
-        s.auth.check(&node, certificate.as_ref(), authorization.as_deref(), req.method(), req.uri().path()).await
-    {
+    if let Err(answer) = s.auth.authorize(&user, &node, req.method(), req.uri().path()).await {
         return answer;
     }
     let Some(found) = found else {

@@ -12,6 +12,8 @@ mod dns;
 mod envvars;
 mod events;
 mod fsusage;
+mod hostport;
+mod hosttools;
 mod kubelet;
 mod labels;
 mod metrics;

@@ -29,13 +29,14 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 
 use crate::cidr::Cidr;
+use crate::hosttools::{fnv32, output, run, run_with_input, succeeds};
 use crate::labels::Kind;
 use crate::runtime::{ContainerRecord, Runtime, State};
 
@@ -52,6 +53,17 @@ pub struct PodNetwork {
     /// Pod IPs in use; filled from the pause containers' labels on first use, so it
     /// survives restarts.
     ips: tokio::sync::Mutex<Option<HashSet<Ipv4Addr>>>,
+    /// The host ports each pod publishes (by pod UID), as the pod workers report them.
+    host_ports: tokio::sync::Mutex<HostPorts>,
+}
+
+/// The host ports of the node's pods and whether the kernel has them.
+#[derive(Default)]
+struct HostPorts {
+    by_pod: BTreeMap<String, Vec<crate::hostport::HostPort>>,
+    /// False until the chains were written once by this kubelet (or after a failed write):
+    /// the next report writes them even when it changes nothing.
+    applied: bool,
 }
 
 impl PodNetwork {
@@ -62,6 +74,7 @@ impl PodNetwork {
             pod_cidr: Mutex::new(pod_cidr),
             bridge: tokio::sync::Mutex::new(None),
             ips: tokio::sync::Mutex::new(None),
+            host_ports: tokio::sync::Mutex::new(HostPorts::default()),
         }
     }
 
@@ -153,6 +166,40 @@ impl PodNetwork {
         Ok(())
     }
 
+    /// The host ports pod `pod_uid` publishes now (none once it is gone): the node's
+    /// hostPort chains are rewritten when the node's set changes (see `hostport.rs`).
+    pub async fn publish_host_ports(&self, pod_uid: &str, ports: Vec<crate::hostport::HostPort>) {
+        let mut hp = self.host_ports.lock().await;
+        let unchanged = match hp.by_pod.get(pod_uid) {
+            Some(old) => *old == ports,
+            None => ports.is_empty(),
+        };
+        if unchanged && hp.applied {
+            return;
+        }
+        if ports.is_empty() {
+            hp.by_pod.remove(pod_uid);
+        } else {
+            hp.by_pod.insert(pod_uid.to_string(), ports);
+        }
+        // Nothing published and never written: no chains to create.
+        if hp.by_pod.is_empty() && !hp.applied && unchanged {
+            return;
+        }
+        let all: Vec<crate::hostport::HostPort> = hp.by_pod.values().flatten().cloned().collect();
+        let bridge = self.bridge.lock().await.clone();
+        match crate::hostport::apply(&self.node, bridge.as_deref(), &all).await {
+            Ok(()) => {
+                hp.applied = true;
+                tracing::info!(ports = all.len(), "wrote the host port rules");
+            }
+            Err(e) => {
+                hp.applied = false;
+                tracing::warn!(error = %format!("{e:#}"), "cannot write the host port rules");
+            }
+        }
+    }
+
     /// Remove a pod's host-side veth (normally gone with its namespace already).
     pub async fn detach(&self, pod_uid: &str) {
         let (host, _) = veth_names(pod_uid);
@@ -167,16 +214,6 @@ pub fn allocate(cidr: &Cidr, used: &HashSet<Ipv4Addr>) -> Option<Ipv4Addr> {
     (first..cidr.broadcast()).map(Ipv4Addr::from).find(|ip| !used.contains(ip))
 }
 
-/// A short stable hash for interface names (at most 15 bytes on Linux).
-fn fnv32(s: &str) -> u32 {
-    let mut h: u32 = 0x811c9dc5;
-    for b in s.bytes() {
-        h ^= b as u32;
-        h = h.wrapping_mul(0x01000193);
-    }
-    h
-}
-
 pub fn bridge_name(node: &str) -> String {
     format!("mk8s{:08x}", fnv32(node))
 }
@@ -185,25 +222,6 @@ pub fn bridge_name(node: &str) -> String {
 pub fn veth_names(pod_uid: &str) -> (String, String) {
     let h = fnv32(pod_uid);
     (format!("mkv{h:08x}"), format!("mkp{h:08x}"))
-}
-
-async fn run(cmd: &str, args: &[&str]) -> Result<()> {
-    let out = tokio::process::Command::new(cmd).args(args).output().await.with_context(|| format!("running {cmd}"))?;
-    if !out.status.success() {
-        bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(())
-}
-
-async fn succeeds(cmd: &str, args: &[&str]) -> bool {
-    tokio::process::Command::new(cmd)
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .await
-        .map(|s| s.success())
-        .unwrap_or(false)
 }
 
 /// Create (or fix up) the node's bridge with the gateway address, enable forwarding and
@@ -345,33 +363,6 @@ pub async fn apply_masquerade(node: &str, pod_cidr: &Cidr, cluster_cidrs: &BTree
         let mut add = vec!["-w", "-t", "nat", "-A", "POSTROUTING"];
         add.extend(jump.iter().map(String::as_str));
         run("iptables", &add).await?;
-    }
-    Ok(())
-}
-
-async fn output(cmd: &str, args: &[&str]) -> Result<String> {
-    let out = tokio::process::Command::new(cmd).args(args).output().await.with_context(|| format!("running {cmd}"))?;
-    if !out.status.success() {
-        bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-async fn run_with_input(cmd: &str, args: &[&str], input: &str) -> Result<()> {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(cmd)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {cmd}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.as_bytes()).await?;
-    }
-    let out = child.wait_with_output().await?;
-    if !out.status.success() {
-        bail!("{cmd}: {}\ninput:\n{input}", String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(())
 }

@@ -208,6 +208,7 @@ async fn kill_pod(
         }
     }
     k.net.release_ips(records).await;
+    k.net.publish_host_ports(uid, Vec::new()).await;
     k.net.detach(uid).await;
     volumes::remove_pod_dir(&k.root_dir, uid);
     k.tokens.forget_pod(uid);
@@ -476,6 +477,9 @@ async fn sync_containers(
     let spec = pod.spec.clone().unwrap_or_default();
     let host_network = spec.host_network == Some(true);
     let pod_ip = if host_network { k.node_ip.clone() } else { sandbox.pod_ip().unwrap_or_default().to_string() };
+    if let Ok(ip) = pod_ip.parse() {
+        k.net.publish_host_ports(uid, crate::hostport::of_pod(pod, ip)).await;
+    }
 
     // Volumes and referenced objects.
     let lookups = fetch_lookups(k, pod).await?;

@@ -90,22 +90,28 @@ pub fn masq_chain(node: &str) -> String {
     format!("MK8S-MASQ-{}", &bridge_name(node)[4..].to_uppercase())
 }
 
-/// Remove a node's egress masquerade chain and the POSTROUTING rules jumping to it.
-pub fn remove_masquerade(node: &str) {
-    let chain = masq_chain(node);
-    let listing = Command::new("iptables").args(["-w", "-t", "nat", "-S", "POSTROUTING"]).output();
-    let listing = listing.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    for l in listing.lines().filter(|l| l.ends_with(&format!("-j {chain}"))) {
-        if let Some(rest) = l.strip_prefix("-A POSTROUTING ") {
-            let _ = Command::new("iptables")
-                .args(["-w", "-t", "nat", "-D", "POSTROUTING"])
-                .args(rest.split_whitespace())
-                .stderr(Stdio::null())
-                .status();
+/// Remove a node's nat chains (egress masquerade `MK8S-MASQ-*`, host ports
+/// `MK8S-HOSTPORTS-*` and `MK8S-HP-MASQ-*`) and the built-in chains' rules jumping to them.
+pub fn remove_node_rules(node: &str) {
+    let hash = &masq_chain(node)["MK8S-MASQ-".len()..];
+    for chain in [format!("MK8S-MASQ-{hash}"), format!("MK8S-HOSTPORTS-{hash}"), format!("MK8S-HP-MASQ-{hash}")] {
+        for builtin in ["PREROUTING", "OUTPUT", "POSTROUTING"] {
+            let listing = Command::new("iptables").args(["-w", "-t", "nat", "-S", builtin]).output();
+            let listing = listing.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+            let prefix = format!("-A {builtin} ");
+            for l in listing.lines().filter(|l| l.ends_with(&format!("-j {chain}"))) {
+                if let Some(rest) = l.strip_prefix(&prefix) {
+                    let _ = Command::new("iptables")
+                        .args(["-w", "-t", "nat", "-D", builtin])
+                        .args(rest.split_whitespace())
+                        .stderr(Stdio::null())
+                        .status();
+                }
+            }
         }
-    }
-    for op in ["-F", "-X"] {
-        let _ = Command::new("iptables").args(["-w", "-t", "nat", op, &chain]).stderr(Stdio::null()).status();
+        for op in ["-F", "-X"] {
+            let _ = Command::new("iptables").args(["-w", "-t", "nat", op, &chain]).stderr(Stdio::null()).status();
+        }
     }
 }
 
@@ -401,7 +407,7 @@ impl Drop for Kubelet {
         self.kill();
         remove_node_containers(&self.node);
         let _ = Command::new("ip").args(["link", "del", &bridge_name(&self.node)]).stderr(Stdio::null()).status();
-        remove_masquerade(&self.node);
+        remove_node_rules(&self.node);
     }
 }
 

@@ -15,6 +15,11 @@
 //! Deleting the Node removes the route. Everything (namespace, veth, routes, chain, server)
 //! is removed on drop.
 //!
+//! A pod asking for a `hostPort` is reached on the host's addresses, on 127.0.0.1 and from
+//! itself; a
+//! second pod asking for the same port is not scheduled on the node until the first is gone,
+//! and then the port reaches it.
+//!
 //! The second test runs two real kubelets on two "hosts" (network namespaces joined by one
 //! link, `ip netns exec kubelet …`): each routes the other's podCIDR via the other's
 //! InternalIP, and a pod on one reaches a pod on the other keeping its pod IP.
@@ -25,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use e2e::kubelet::{masq_chain, require_docker, Kubelet};
+use e2e::scheduler::Scheduler;
 use e2e::{free_port, ApiServer};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -193,6 +199,115 @@ async fn pods_egress_masqueraded_and_routed_to_other_hosts_pods() -> Result<()> 
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_port_reaches_the_pod_and_goes_with_it() -> Result<()> {
+    if !require_docker() {
+        return Ok(());
+    }
+    let api = ApiServer::start()?;
+    let kubelet = Kubelet::start(&api.url(), "kl-hostport")?;
+    let scheduler = Scheduler::start(&api, &[])?;
+    let client = api.client()?;
+    let host_port = free_port();
+    // Any address of this host that is not loopback (the rule matches local destinations).
+    let addrs = sh(&["ip", "-4", "-o", "addr", "show", "scope", "global"])?;
+    let host_ip = addrs
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .context("this host has no global IPv4 address")?
+        .to_string();
+    let chain = format!("MK8S-HOSTPORTS-{}", &masq_chain(&kubelet.node)["MK8S-MASQ-".len()..]);
+    let rules = || sh(&["iptables", "-w", "-t", "nat", "-S", &chain]).unwrap_or_default();
+    // Two pods of the node asking for one host port; each serves its own name.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let web = |name: &str| -> Result<Pod> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": kubelet.node}, "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "web", "image": "busybox", "imagePullPolicy": "IfNotPresent",
+                                     "command": ["sh", "-c", "mkdir /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"],
+                                     "ports": [{"containerPort": 8080, "hostPort": host_port}]}]}
+        }))?)
+    };
+    // The host port answers with `name` on this host's address and on loopback.
+    let answers = |name: &'static str| {
+        let urls = [format!("http://{host_ip}:{host_port}/"), format!("http://127.0.0.1:{host_port}/")];
+        let (kubelet, rules) = (&kubelet, &rules);
+        async move {
+            for url in urls {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let out = Command::new("curl").args(["-sS", "-m", "3", &url]).output()?;
+                    let body = String::from_utf8_lossy(&out.stdout);
+                    if body.trim() == name {
+                        break;
+                    }
+                    ensure!(
+                        Instant::now() < deadline,
+                        "{url}: {body:?} {}\nchain:\n{}\nkubelet log:\n{}",
+                        String::from_utf8_lossy(&out.stderr),
+                        rules(),
+                        kubelet.log()
+                    );
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
+            anyhow::Ok(())
+        }
+    };
+
+    pods.create(&PostParams::default(), &web("first")?).await?;
+    let first_ip = wait_ip(&pods, "first", || kubelet.log()).await?;
+    answers("first").await?;
+    // The pod itself, through its own host port (hairpin, masqueraded).
+    // (`timeout`: this busybox's wget -T crashes.)
+    let get = format!("timeout 5 wget -qO- http://{host_ip}:{host_port}/");
+    let out = api.kubectl(&["exec", "first", "--", "sh", "-c", &get])?;
+    ensure!(out.ok && out.stdout.trim() == "first", "the pod through its own host port: {out:?}\nchain:\n{}", rules());
+    let r = rules();
+    ensure!(
+        r.contains(&format!("--dport {host_port}")) && r.contains(&format!("--to-destination {first_ip}:8080")),
+        "chain {chain}: {r}"
+    );
+
+    // The port is taken on the only node: the second pod is not scheduled.
+    pods.create(&PostParams::default(), &web("second")?).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let p = pods.get("second").await?;
+        let cond =
+            p.status.and_then(|s| s.conditions).unwrap_or_default().into_iter().find(|c| c.type_ == "PodScheduled");
+        if let Some(c) = cond.filter(|c| c.status == "False") {
+            let message = c.message.unwrap_or_default();
+            ensure!(message.contains("didn't have free ports for the requested pod ports"), "{message}");
+            break;
+        }
+        ensure!(Instant::now() < deadline, "second pod not refused by the scheduler:\n{}", scheduler.log());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // The first pod gone, its rule goes, and the port is the second pod's.
+    pods.delete("first", &DeleteParams::default()).await?;
+    let second_ip = wait_ip(&pods, "second", || kubelet.log()).await?;
+    answers("second").await?;
+    let r = rules();
+    // (The second pod may have the first one's IP again: the rules are told apart by pod.)
+    ensure!(!r.contains("default/first"), "the first pod's rule is left: {r}");
+    ensure!(
+        r.contains("default/second") && r.contains(&format!("--to-destination {second_ip}:8080")),
+        "chain {chain}: {r}"
+    );
+    pods.delete("second", &DeleteParams::default()).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rules().contains(&format!("--dport {host_port}")) {
+        ensure!(Instant::now() < deadline, "the host port rule is left after the pods were deleted\n{}", kubelet.log());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Ok(())
+}
+
 /// A network namespace standing for a host: its links, and the kubelet running inside it.
 struct NsHost {
     ns: String,
@@ -321,11 +436,11 @@ async fn two_kubelets_on_two_hosts_route_pod_traffic() -> Result<()> {
         }))?)
     };
     pods.create(&PostParams::default(), &mk("server", &hosts[1].node, server_script, "Always")?).await?;
-    let server_ip = wait_ip(&pods, "server", &hosts[1]).await?;
+    let server_ip = wait_ip(&pods, "server", || hosts[1].log()).await?;
     ensure!(server_ip.starts_with("10.246.2."), "server IP {server_ip}");
     let client_script = format!("until wget -qO- http://{server_ip}:8080/cgi-bin/addr; do sleep 0.5; done; sleep 600");
     pods.create(&PostParams::default(), &mk("client", &hosts[0].node, &client_script, "Always")?).await?;
-    let client_ip = wait_ip(&pods, "client", &hosts[0]).await?;
+    let client_ip = wait_ip(&pods, "client", || hosts[0].log()).await?;
     ensure!(client_ip.starts_with("10.246.1."), "client IP {client_ip}");
 
     // The client's output, from Docker (the apiserver cannot reach the hosts' kubelets).
@@ -365,18 +480,17 @@ async fn two_kubelets_on_two_hosts_route_pod_traffic() -> Result<()> {
     Ok(())
 }
 
-async fn wait_ip(pods: &Api<Pod>, name: &str, h: &NsHost) -> Result<String> {
+/// Wait until pod `name` runs; its IP (`log`: what to show when it does not).
+async fn wait_ip(pods: &Api<Pod>, name: &str, log: impl Fn() -> String) -> Result<String> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let p = pods.get(name).await?;
         let st = p.status.clone().unwrap_or_default();
-        if st.phase.as_deref() == Some("Running") {
-            if let Some(ip) = st.pod_ip {
-                return Ok(ip);
-            }
+        if let (Some("Running"), Some(ip)) = (st.phase.as_deref(), st.pod_ip.clone()) {
+            return Ok(ip);
         }
         if Instant::now() > deadline {
-            bail!("{name} not running: {st:?}\nkubelet log:\n{}", h.log());
+            bail!("{name} not running: {st:?}\nkubelet log:\n{}", log());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

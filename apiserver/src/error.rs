@@ -19,6 +19,17 @@ pub struct FieldError {
 }
 
 impl FieldError {
+    /// The message without the field path in front (Go's `field.Error.ErrorBody`): what a
+    /// `Status` cause carries beside its `field`, since clients print `field: message`
+    /// (the official kubectl does for every cause of an Invalid error).
+    pub fn body(&self) -> &str {
+        self.message
+            .strip_prefix(self.field.as_str())
+            .and_then(|rest| rest.strip_prefix(": "))
+            .filter(|_| !self.field.is_empty())
+            .unwrap_or(&self.message)
+    }
+
     pub fn required(field: impl Into<String>, detail: &str) -> Self {
         let field = field.into();
         let message = if detail.is_empty() {
@@ -227,7 +238,7 @@ impl ApiError {
                     .causes
                     .iter()
                     .map(|c| {
-                        let mut cause = json!({"reason": c.reason, "message": c.message});
+                        let mut cause = json!({"reason": c.reason, "message": c.body()});
                         // Kubernetes leaves out an empty field (`omitempty`).
                         if !c.field.is_empty() {
                             cause["field"] = c.field.clone().into();
@@ -306,7 +317,7 @@ impl ApiError {
                     causes: d
                         .into_iter()
                         .flat_map(|d| &d.causes)
-                        .map(|c| WireCause { reason: c.reason, message: &c.message, field: &c.field })
+                        .map(|c| WireCause { reason: c.reason, message: c.body(), field: &c.field })
                         .collect(),
                     retry_after_seconds,
                 })
@@ -404,7 +415,14 @@ mod tests {
         assert_eq!(s["code"], 422);
         assert_eq!(s["details"]["causes"][0]["field"], "spec.containers");
         assert_eq!(s["details"]["causes"][0]["reason"], "FieldValueRequired");
-        assert!(s["message"].as_str().unwrap_or("").contains("Pod \"x\" is invalid"));
+        assert_eq!(s["message"], "Pod \"x\" is invalid: spec.containers: Required value");
+        // The cause's message is the body without its field, as Go's ErrorBody (clients
+        // print `field: message`); the wire body says the same.
+        assert_eq!(s["details"]["causes"][0]["message"], "Required value");
+        let wire: Value = serde_json::from_slice(&e.status_body()).unwrap();
+        assert_eq!(wire["details"]["causes"][0]["message"], "Required value");
+        let e = ApiError::invalid("", "Pod", "x", vec![FieldError::invalid("spec.x", &json!(3), "too big")]);
+        assert_eq!(e.to_status()["details"]["causes"][0]["message"], "Invalid value: 3: too big");
     }
 
     #[test]

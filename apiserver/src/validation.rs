@@ -40,6 +40,62 @@ pub fn is_cidr(s: &str) -> bool {
     }
 }
 
+/// A CIDR's network address (the address with the host bits cleared) and prefix length,
+/// when `s` is a CIDR ([`is_cidr`]).
+pub fn parse_cidr(s: &str) -> Option<(std::net::IpAddr, u8)> {
+    if !is_cidr(s) {
+        return None;
+    }
+    let (addr, len) = s.split_once('/')?;
+    let len: u8 = len.parse().ok()?;
+    Some((mask(addr.parse().ok()?, len), len))
+}
+
+/// `ip` with all but its first `len` bits cleared.
+fn mask(ip: std::net::IpAddr, len: u8) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    match ip {
+        IpAddr::V4(a) => {
+            let m = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len.min(32))) };
+            IpAddr::V4(Ipv4Addr::from(u32::from(a) & m))
+        }
+        IpAddr::V6(a) => {
+            let m = if len == 0 { 0 } else { u128::MAX << (128 - u32::from(len.min(128))) };
+            IpAddr::V6(Ipv6Addr::from(u128::from(a) & m))
+        }
+    }
+}
+
+/// Whether CIDR `inner` lies within CIDR `outer` and is smaller (Kubernetes' ipBlock rule
+/// for `except`): false when either is not a CIDR or they are of different families.
+pub fn is_strict_subset(inner: &str, outer: &str) -> bool {
+    let (Some((inner_net, inner_len)), Some((outer_net, outer_len))) = (parse_cidr(inner), parse_cidr(outer)) else {
+        return false;
+    };
+    inner_net.is_ipv4() == outer_net.is_ipv4() && outer_len < inner_len && mask(inner_net, outer_len) == outer_net
+}
+
+/// What is wrong with a port name (Kubernetes' `IsValidPortName`, an IANA service name):
+/// none for a valid one.
+pub fn port_name_errors(name: &str) -> Vec<&'static str> {
+    let mut errs = Vec::new();
+    if name.len() > 15 {
+        errs.push("must be no more than 15 characters");
+    }
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+        errs.push("must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)");
+    } else if !name.bytes().any(|b| b.is_ascii_lowercase()) {
+        errs.push("must contain at least one letter (a-z)");
+    }
+    if name.contains("--") {
+        errs.push("must not contain consecutive hyphens");
+    }
+    if name.starts_with('-') || name.ends_with('-') {
+        errs.push("must not begin or end with a hyphen");
+    }
+    errs
+}
+
 /// How a kind's object names are validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NameRule {
@@ -186,6 +242,24 @@ mod tests {
         for bad in ["10.0.0.0", "10.0.0.0/33", "10.0.0/8", "2001:db8::/129", "10.0.0.0/-1", "10.0.0.0/", "x/8"] {
             assert!(!is_cidr(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn cidr_subsets_and_port_names() {
+        assert_eq!(parse_cidr("10.1.2.3/16"), Some(("10.1.0.0".parse().unwrap(), 16)));
+        assert!(is_strict_subset("10.1.2.0/24", "10.1.0.0/16"));
+        assert!(!is_strict_subset("10.1.0.0/16", "10.1.0.0/16"), "equal is not a strict subset");
+        assert!(!is_strict_subset("10.2.0.0/24", "10.1.0.0/16"));
+        assert!(!is_strict_subset("10.0.0.0/8", "10.1.0.0/16"));
+        assert!(!is_strict_subset("2001:db8::/64", "10.0.0.0/8"));
+        assert!(is_strict_subset("2001:db8:0:1::/64", "2001:db8::/32"));
+        assert!(is_strict_subset("0.0.0.0/1", "0.0.0.0/0"));
+        assert!(port_name_errors("http").is_empty() && port_name_errors("dns-tcp").is_empty());
+        assert_eq!(port_name_errors("8080"), ["must contain at least one letter (a-z)"]);
+        assert_eq!(port_name_errors("Web"), ["must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)"]);
+        assert_eq!(port_name_errors("a--b"), ["must not contain consecutive hyphens"]);
+        assert_eq!(port_name_errors("-a"), ["must not begin or end with a hyphen"]);
+        assert_eq!(port_name_errors("abcdefghijklmnop"), ["must be no more than 15 characters"]);
     }
 
     #[test]

@@ -888,15 +888,128 @@ impl Strategy for NetworkPolicyStrategy {
     }
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
         let mut errs = Vec::new();
-        if obj.pointer("/spec/podSelector").is_none() {
-            errs.push(FieldError::required("spec.podSelector", ""));
+        match obj.pointer("/spec/podSelector") {
+            None => errs.push(FieldError::required("spec.podSelector", "")),
+            Some(sel) => selector_errors("spec.podSelector", sel, &mut errs),
         }
         for (i, t) in obj.pointer("/spec/policyTypes").and_then(Value::as_array).into_iter().flatten().enumerate() {
             if !["Ingress", "Egress"].contains(&t.as_str().unwrap_or_default()) {
                 errs.push(FieldError::not_supported(format!("spec.policyTypes[{i}]"), t, &["Egress", "Ingress"]));
             }
         }
+        for (rules, peers) in [("ingress", "from"), ("egress", "to")] {
+            for (i, rule) in
+                obj.pointer(&format!("/spec/{rules}")).and_then(Value::as_array).into_iter().flatten().enumerate()
+            {
+                let path = format!("spec.{rules}[{i}]");
+                for (j, port) in rule.get("ports").and_then(Value::as_array).into_iter().flatten().enumerate() {
+                    network_policy_port(&format!("{path}.ports[{j}]"), port, &mut errs);
+                }
+                for (j, peer) in rule.get(peers).and_then(Value::as_array).into_iter().flatten().enumerate() {
+                    network_policy_peer(&format!("{path}.{peers}[{j}]"), peer, &mut errs);
+                }
+            }
+        }
         errs
+    }
+}
+
+/// A label selector that does not parse.
+fn selector_errors(path: &str, sel: &Value, errs: &mut Vec<FieldError>) {
+    if let Err(e) = crate::selectors::LabelSelector::from_label_selector_json(sel) {
+        errs.push(FieldError::invalid(path, sel, &e.0));
+    }
+}
+
+/// A NetworkPolicy port, as Kubernetes' `ValidateNetworkPolicyPort`: a known protocol, a
+/// port number or name, and an `endPort` only after a numbered port and not below it.
+fn network_policy_port(path: &str, port: &Value, errs: &mut Vec<FieldError>) {
+    const RANGE: &str = "must be between 1 and 65535, inclusive";
+    if let Some(proto) = port.get("protocol").and_then(Value::as_str) {
+        if !["TCP", "UDP", "SCTP"].contains(&proto) {
+            errs.push(FieldError::not_supported(format!("{path}.protocol"), &json!(proto), &["TCP", "UDP", "SCTP"]));
+        }
+    }
+    let end = port.get("endPort").filter(|v| !v.is_null());
+    match port.get("port").filter(|v| !v.is_null()) {
+        Some(Value::Number(n)) => {
+            let n = n.as_i64().unwrap_or(0);
+            if !(1..=65535).contains(&n) {
+                errs.push(FieldError::invalid(format!("{path}.port"), &json!(n), RANGE));
+            }
+            if let Some(end) = end {
+                let e = end.as_i64().unwrap_or(0);
+                if e < n {
+                    errs.push(FieldError::invalid(
+                        format!("{path}.endPort"),
+                        &json!(n),
+                        "must be greater than or equal to `port`",
+                    ));
+                }
+                if !(1..=65535).contains(&e) {
+                    errs.push(FieldError::invalid(format!("{path}.endPort"), end, RANGE));
+                }
+            }
+        }
+        Some(Value::String(name)) => {
+            if let Some(end) = end {
+                errs.push(FieldError::invalid(
+                    format!("{path}.endPort"),
+                    end,
+                    "may not be specified when `port` is non-numeric",
+                ));
+            }
+            for msg in crate::validation::port_name_errors(name) {
+                errs.push(FieldError::invalid(format!("{path}.port"), &json!(name), msg));
+            }
+        }
+        Some(other) => errs.push(FieldError::invalid(format!("{path}.port"), other, "must be a port number or name")),
+        None => {
+            if let Some(end) = end {
+                errs.push(FieldError::invalid(
+                    format!("{path}.endPort"),
+                    end,
+                    "may not be specified when `port` is not specified",
+                ));
+            }
+        }
+    }
+}
+
+/// A NetworkPolicy peer, as Kubernetes' `ValidateNetworkPolicyPeer`: at least one of the
+/// selectors or an ipBlock, the ipBlock alone, its CIDR valid and each `except` inside it.
+fn network_policy_peer(path: &str, peer: &Value, errs: &mut Vec<FieldError>) {
+    let has = |k: &str| peer.get(k).is_some_and(|v| !v.is_null());
+    let count = ["podSelector", "namespaceSelector", "ipBlock"].iter().filter(|k| has(k)).count();
+    if count == 0 {
+        errs.push(FieldError::required(path, "must specify a peer"));
+    } else if count > 1 && has("ipBlock") {
+        errs.push(FieldError::forbidden(path, "may not specify both ipBlock and another peer"));
+    }
+    for k in ["podSelector", "namespaceSelector"] {
+        if let Some(sel) = peer.get(k).filter(|v| !v.is_null()) {
+            selector_errors(&format!("{path}.{k}"), sel, errs);
+        }
+    }
+    let Some(block) = peer.get("ipBlock").filter(|v| !v.is_null()) else { return };
+    const CIDR: &str = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)";
+    let cidr = block.get("cidr").and_then(Value::as_str).unwrap_or_default();
+    if cidr.is_empty() {
+        errs.push(FieldError::required(format!("{path}.ipBlock.cidr"), ""));
+        return;
+    }
+    if !crate::validation::is_cidr(cidr) {
+        errs.push(FieldError::invalid(format!("{path}.ipBlock.cidr"), &json!(cidr), CIDR));
+        return;
+    }
+    for (k, except) in block.get("except").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let epath = format!("{path}.ipBlock.except[{k}]");
+        let e = except.as_str().unwrap_or_default();
+        if !crate::validation::is_cidr(e) {
+            errs.push(FieldError::invalid(epath, except, CIDR));
+        } else if !crate::validation::is_strict_subset(e, cidr) {
+            errs.push(FieldError::invalid(epath, except, "must be a strict subset of `cidr`"));
+        }
     }
 }
 
@@ -1078,6 +1191,57 @@ impl Strategy for PdbStrategy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn network_policies_are_validated() {
+        let np = |spec: Value| json!({"metadata": {"name": "np"}, "spec": spec});
+        let errors = |spec: Value| NETWORKPOLICY.validate(&np(spec)).into_iter().map(|e| e.message).collect::<Vec<_>>();
+        let good = json!({"podSelector": {}, "ingress": [{
+            "from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}, "podSelector": {"matchLabels": {"app": "x"}}},
+                     {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+            "ports": [{"port": 80}, {"protocol": "UDP", "port": 53}, {"port": "http"}, {"port": 32000, "endPort": 32768}]}],
+            "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}]});
+        assert!(errors(good).is_empty());
+        let ingress = |rule: Value| errors(json!({"podSelector": {}, "ingress": [rule]}));
+        assert_eq!(
+            ingress(json!({"from": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]})),
+            ["spec.ingress[0].from[0].ipBlock.cidr: Invalid value: \"10.0.0.0/33\": must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)"]
+        );
+        assert_eq!(
+            ingress(json!({"from": [{"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.0.0/16", "192.168.0.0/24"]}}]})),
+            [
+                "spec.ingress[0].from[0].ipBlock.except[0]: Invalid value: \"10.0.0.0/16\": must be a strict subset of `cidr`",
+                "spec.ingress[0].from[0].ipBlock.except[1]: Invalid value: \"192.168.0.0/24\": must be a strict subset of `cidr`"
+            ]
+        );
+        assert_eq!(
+            ingress(json!({"from": [{}, {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]})),
+            [
+                "spec.ingress[0].from[0]: Required value: must specify a peer",
+                "spec.ingress[0].from[1]: Forbidden: may not specify both ipBlock and another peer"
+            ]
+        );
+        assert_eq!(
+            ingress(json!({"ports": [{"port": 0}, {"port": 100, "endPort": 90}, {"port": "http", "endPort": 90}, {"protocol": "ICMP"}]})),
+            [
+                "spec.ingress[0].ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive",
+                "spec.ingress[0].ports[1].endPort: Invalid value: 100: must be greater than or equal to `port`",
+                "spec.ingress[0].ports[2].endPort: Invalid value: 90: may not be specified when `port` is non-numeric",
+                "spec.ingress[0].ports[3].protocol: Unsupported value: \"ICMP\": supported values: \"TCP\", \"UDP\", \"SCTP\""
+            ]
+        );
+        assert_eq!(
+            errors(json!({"podSelector": {}, "egress": [{"ports": [{"port": "Web--1"}]}]})),
+            [
+                "spec.egress[0].ports[0].port: Invalid value: \"Web--1\": must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)",
+                "spec.egress[0].ports[0].port: Invalid value: \"Web--1\": must not contain consecutive hyphens"
+            ]
+        );
+        assert_eq!(
+            NETWORKPOLICY.validate(&np(json!({"podSelector": {"matchLabels": {"bad key": "x"}}})))[0].field,
+            "spec.podSelector"
+        );
+    }
 
     #[test]
     fn disruption_budgets_are_validated() {

@@ -128,6 +128,11 @@ pub fn restore(node: &str, ports: &[HostPort]) -> String {
     out
 }
 
+/// Whether `node`'s DNAT chain is in the kernel (from this or an earlier run).
+pub async fn chains_exist(node: &str) -> bool {
+    crate::hosttools::succeeds("iptables", &["-w", "-t", "nat", "-S", &dnat_chain(node)]).await
+}
+
 /// Write `node`'s chains for `ports`, insert the jumps that are missing, and let the
 /// bridge carry loopback sources to the pods.
 pub async fn apply(node: &str, bridge: Option<&str>, ports: &[HostPort]) -> Result<()> {

@@ -182,8 +182,10 @@ impl PodNetwork {
         } else {
             hp.by_pod.insert(pod_uid.to_string(), ports);
         }
-        // Nothing published and never written: no chains to create.
-        if hp.by_pod.is_empty() && !hp.applied && unchanged {
+        // Nothing published and never written by this kubelet: no chains to create, but
+        // an earlier run's (pods deleted while the kubelet was down) are emptied.
+        if hp.by_pod.is_empty() && !hp.applied && unchanged && !crate::hostport::chains_exist(&self.node).await {
+            hp.applied = true;
             return;
         }
         let all: Vec<crate::hostport::HostPort> = hp.by_pod.values().flatten().cloned().collect();

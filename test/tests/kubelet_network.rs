@@ -18,7 +18,8 @@
 //! A pod asking for a `hostPort` is reached on the host's addresses, on 127.0.0.1 and from
 //! itself; a
 //! second pod asking for the same port is not scheduled on the node until the first is gone,
-//! and then the port reaches it.
+//! and then the port reaches it; its rule goes with it, also when it is deleted while the
+//! kubelet is down.
 //!
 //! The second test runs two real kubelets on two "hosts" (network namespaces joined by one
 //! link, `ip netns exec kubelet …`): each routes the other's podCIDR via the other's
@@ -205,7 +206,7 @@ async fn a_host_port_reaches_the_pod_and_goes_with_it() -> Result<()> {
         return Ok(());
     }
     let api = ApiServer::start()?;
-    let kubelet = Kubelet::start(&api.url(), "kl-hostport")?;
+    let mut kubelet = Kubelet::start(&api.url(), "kl-hostport")?;
     let scheduler = Scheduler::start(&api, &[])?;
     let client = api.client()?;
     let host_port = free_port();
@@ -299,7 +300,10 @@ async fn a_host_port_reaches_the_pod_and_goes_with_it() -> Result<()> {
         r.contains("default/second") && r.contains(&format!("--to-destination {second_ip}:8080")),
         "chain {chain}: {r}"
     );
-    pods.delete("second", &DeleteParams::default()).await?;
+    // Deleted while the kubelet is down: the restarted kubelet removes the rule with the pod.
+    kubelet.kill();
+    pods.delete("second", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+    kubelet.restart()?;
     let deadline = Instant::now() + Duration::from_secs(60);
     while rules().contains(&format!("--dport {host_port}")) {
         ensure!(Instant::now() < deadline, "the host port rule is left after the pods were deleted\n{}", kubelet.log());

@@ -648,7 +648,20 @@ fn kubelet_certificates_come_from_the_cluster_signers_and_rotate() {
     };
     until("a lease renewal after the restart", 60, &renewed_after_restart);
     until("the apiserver reaching the kubelet after the restart", 30, &|| proxied().0);
-    assert!(!kubelet.log().contains("certificate rotation failed"), "{}", logs());
+    // A rotation that fell due while the apiserver was down failed to connect and was
+    // retried (the renewal and the proxied healthz above); any other failure (a refused
+    // or expired credential) is a bug.
+    let log = kubelet.log();
+    let failed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("certificate rotation failed"))
+        .filter(|l| {
+            !["Connection refused", "client error (Connect)", "client error (SendRequest)"]
+                .iter()
+                .any(|c| l.contains(c))
+        })
+        .collect();
+    assert!(failed.is_empty(), "rotation failures other than the restart's:\n{}\n{}", failed.join("\n"), logs());
 }
 
 fn base64_of(text: &str) -> String {

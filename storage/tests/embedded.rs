@@ -51,3 +51,28 @@ async fn unwritable_location_is_unavailable_not_a_panic() {
     let err = SqliteStore::open("/proc/definitely/not/here/state.db").err().expect("must fail");
     assert!(matches!(err, storage::Error::Unavailable(_)), "{err}");
 }
+
+#[tokio::test]
+async fn a_snapshot_taken_while_the_store_is_open_reopens_as_the_same_store() {
+    use storage::embedded::{snapshot, snapshot_info, SnapshotInfo};
+    use storage::Store;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let store = SqliteStore::open(&path).unwrap();
+    store.create("/k/a", "1".into()).await.unwrap();
+    let r = store.create("/k/b", "2".into()).await.unwrap();
+    store.update("/k/b", "3".into(), r).await.unwrap();
+    let (rev, _) = store.delete("/k/a", None).await.unwrap();
+    let copy = dir.path().join("copy.db");
+    // Taken with the store open (the apiserver running), as `scripts/cluster backup` does.
+    assert_eq!(snapshot(&path, &copy).unwrap(), SnapshotInfo { revision: rev, keys: 1 });
+    assert!(snapshot(&path, &copy).is_err(), "an existing file is not overwritten");
+    let later = store.create("/k/c", "4".into()).await.unwrap();
+    assert!(later > rev);
+    assert_eq!(snapshot_info(&copy).unwrap().revision, rev, "the copy does not follow later writes");
+    let restored = SqliteStore::open(&copy).unwrap();
+    assert_eq!(restored.current_revision().await.unwrap(), rev);
+    assert_eq!(restored.get("/k/b").await.unwrap().1.map(|kv| kv.value), Some("3".into()));
+    assert!(restored.get("/k/a").await.unwrap().1.is_none());
+    assert!(snapshot(&dir.path().join("none.db"), &dir.path().join("x.db")).is_err());
+}

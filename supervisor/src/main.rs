@@ -19,6 +19,8 @@
 //! `minik8s-supervisor certs init|renew|kubeconfig|ca-hash` is the cluster's PKI on disk
 //! ([`certs`]): the supervisor is the one binary every machine of a cluster runs before its
 //! components, so it is where certificates are made before they are needed.
+//! `minik8s-supervisor store snapshot|info` copies the embedded store's file for backups
+//! (the storage crate's `embedded::snapshot`), as `etcdctl snapshot save` does for etcd.
 
 mod certs;
 mod policy;
@@ -65,6 +67,39 @@ enum Command {
     /// The cluster's certificates and kubeconfigs (kubeadm-style).
     #[command(subcommand)]
     Certs(certs::Certs),
+    /// The embedded store's file: snapshots for backups (`scripts/cluster backup`).
+    #[command(subcommand)]
+    Store(StoreCommand),
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum StoreCommand {
+    /// Write a consistent copy of the apiserver's embedded store (`<data-dir>/minik8s.db`)
+    /// to FILE, safe while the apiserver runs; prints its revision and live keys.
+    Snapshot {
+        /// The apiserver's `--data-dir`.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The snapshot to write (must not exist).
+        file: PathBuf,
+    },
+    /// Print the revision and live keys of a snapshot (or a stopped store's file).
+    Info { file: PathBuf },
+}
+
+/// The store subcommands: one line `revision=R keys=K` on success.
+fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
+    let info = match cmd {
+        StoreCommand::Snapshot { data_dir, file } => {
+            storage::embedded::snapshot(&data_dir.join("minik8s.db"), &file)
+                .with_context(|| format!("snapshot of {} to {}", data_dir.display(), file.display()))?
+        }
+        StoreCommand::Info { file } => {
+            storage::embedded::snapshot_info(&file).with_context(|| format!("reading {}", file.display()))?
+        }
+    };
+    println!("revision={} keys={}", info.revision, info.keys);
+    Ok(())
 }
 
 /// One supervised component and what is known of it.
@@ -243,6 +278,7 @@ async fn main() -> anyhow::Result<()> {
     common::init_tracing(&args.log_level);
     let dir = match (args.command, args.dir) {
         (Some(Command::Certs(cmd)), _) => return certs::run(cmd),
+        (Some(Command::Store(cmd)), _) => return store_command(cmd),
         (None, Some(dir)) => dir,
         (None, None) => anyhow::bail!("--dir is required"),
     };

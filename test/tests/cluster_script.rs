@@ -5,7 +5,8 @@
 //! `up` is a no-op that says so; `status` and `logs` work; `down --purge` leaves no process, container,
 //! node bridge, Service rule or state behind. `up --etcd` does the same over a real etcd
 //! (Debian's etcd-server) that holds the objects. `up --modules` with two `base add`s runs the
-//! README's Koupleless tour.
+//! README's Koupleless tour. `backup` and `restore` bring a cluster back in a new state
+//! directory, on both stores.
 //!
 //! The clusters run on the host (one Service proxy, node names `node-N`), so the tests here
 //! take turns, also with other tests that run `scripts/cluster` (`host_cluster_lock`).
@@ -475,4 +476,106 @@ fn cluster_up_modules_runs_a_module_deployment_in_two_bases() {
     assert!(ok && out.contains("base b2 stopped"), "base delete:\n{out}");
     let (_, out) = kubectl(&kc, &["get", "nodes", "-o", "name"]);
     assert!(!out.contains("vnode.b2.dev"), "vnode.b2.dev after base delete:\n{out}");
+}
+
+/// `backup` of a running cluster and `restore` into a new state directory, on the embedded
+/// store and on etcd: after `up`, every object is back with its UID and the Deployment's pods
+/// run again on the node; `restore` refuses a state directory that runs a cluster and a file
+/// that is no backup, `backup` refuses to overwrite a file.
+#[test]
+fn backup_and_restore_into_a_new_state_directory() {
+    let _host = host_lock();
+    let tmp = tempfile::tempdir().unwrap();
+    for (store, up) in [("embedded", vec!["up"]), ("etcd", vec!["up", "--etcd"])] {
+        let (old, new) = (tmp.path().join(format!("{store}-old")), tmp.path().join(format!("{store}-new")));
+        let port = free_port();
+        let objects = |home: &Path| {
+            let (ok, out) = kubectl(
+                &home.join("kubeconfig"),
+                &[
+                    "get",
+                    "-n",
+                    "team",
+                    "configmap/settings",
+                    "deployment/web",
+                    "-o",
+                    "jsonpath={range .items[*]}{.kind}/{.metadata.name}={.metadata.uid} {end}",
+                ],
+            );
+            assert!(ok, "{store}: objects:\n{out}");
+            out
+        };
+        // Pods of the Deployment, by name, once all run.
+        let running_pods = |home: &Path| {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let (_, out) = kubectl(
+                    &home.join("kubeconfig"),
+                    &[
+                        "get",
+                        "pods",
+                        "-n",
+                        "team",
+                        "-o",
+                        "jsonpath={range .items[*]}{.metadata.name}={.metadata.uid}={.status.phase} {end}",
+                    ],
+                );
+                let pods: Vec<&str> = out.split_whitespace().collect();
+                if pods.len() == 2 && pods.iter().all(|p| p.ends_with("=Running")) {
+                    return out;
+                }
+                assert!(Instant::now() < deadline, "{store}: pods not running:\n{out}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        };
+        let file = tmp.path().join(format!("{store}.tar.gz"));
+        let (before, pods_before) = {
+            let _down = Down(&old, port);
+            let (ok, out) = cluster(&old, port, &up);
+            assert!(ok, "{store}: up:\n{out}");
+            let kc = old.join("kubeconfig");
+            for args in [
+                vec!["create", "namespace", "team"],
+                vec!["create", "configmap", "settings", "-n", "team", "--from-literal=mode=fast"],
+                vec![
+                    "create",
+                    "deployment",
+                    "web",
+                    "-n",
+                    "team",
+                    "--image=busybox",
+                    "--replicas=2",
+                    "--",
+                    "sleep",
+                    "3600",
+                ],
+            ] {
+                let (ok, out) = kubectl(&kc, &args);
+                assert!(ok, "{store}: kubectl {args:?}:\n{out}");
+            }
+            let pods = running_pods(&old);
+            let (ok, out) = cluster(&old, port, &["backup", file.to_str().unwrap()]);
+            assert!(ok && out.contains("backed up"), "{store}: backup:\n{out}");
+            let (ok, out) = cluster(&old, port, &["backup", file.to_str().unwrap()]);
+            assert!(!ok && out.contains("exists already"), "{store}: a second backup to the same file:\n{out}");
+            let (ok, out) = cluster(&old, port, &["restore", file.to_str().unwrap()]);
+            assert!(!ok && out.contains("down' first"), "{store}: restore over a running cluster:\n{out}");
+            (objects(&old), pods)
+        }; // down --purge: the old cluster and its containers are gone
+
+        let garbage = tmp.path().join("garbage.tar.gz");
+        std::fs::write(&garbage, "not a backup").unwrap();
+        let (ok, out) = cluster(&new, port, &["restore", garbage.to_str().unwrap()]);
+        assert!(!ok && out.contains("is not a backup"), "{store}: restore of garbage:\n{out}");
+        let (ok, out) = cluster(&new, port, &["restore", file.to_str().unwrap()]);
+        assert!(ok && out.contains("restored"), "{store}: restore:\n{out}");
+        let _down = Down(&new, port);
+        let (ok, out) = cluster(&new, port, &up);
+        assert!(ok, "{store}: up of the restored cluster:\n{out}");
+        assert_eq!(objects(&new), before, "{store}: the restored objects");
+        let pods_after = running_pods(&new);
+        let names =
+            |s: &str| s.split_whitespace().map(|p| p.rsplit_once('=').map(|(n, _)| n.to_string())).collect::<Vec<_>>();
+        assert_eq!(names(&pods_after), names(&pods_before), "{store}: the same pods (names and UIDs) run again");
+    }
 }

@@ -51,8 +51,12 @@ pub fn of_pod(pod: &Pod, pod_ip: Ipv4Addr) -> Vec<HostPort> {
         .filter_map(|p| {
             let host_port = u16::try_from(p.host_port?).ok().filter(|p| *p > 0)?;
             let container_port = u16::try_from(p.container_port).ok().filter(|p| *p > 0)?;
-            let host_ip =
-                p.host_ip.as_deref().and_then(|ip| ip.parse::<Ipv4Addr>().ok()).filter(|ip| !ip.is_unspecified());
+            // An address that is not IPv4 (this pod network is IPv4 only) is no port here,
+            // rather than one on every address.
+            let host_ip = match p.host_ip.as_deref().filter(|ip| !ip.is_empty()) {
+                None => None,
+                Some(ip) => Some(ip.parse::<Ipv4Addr>().ok()?).filter(|ip| !ip.is_unspecified()),
+            };
             Some(HostPort {
                 protocol: p.protocol.as_deref().unwrap_or("TCP").to_ascii_lowercase(),
                 host_ip,
@@ -169,7 +173,8 @@ mod tests {
             {"name": "a", "ports": [
                 {"containerPort": 80, "hostPort": 8080},
                 {"containerPort": 53, "hostPort": 5353, "protocol": "UDP", "hostIP": "192.0.2.7"},
-                {"containerPort": 443}
+                {"containerPort": 443},
+                {"containerPort": 8443, "hostPort": 8443, "hostIP": "2001:db8::1"}
             ]},
             {"name": "b", "ports": [{"containerPort": 9000, "hostPort": 9000, "hostIP": "0.0.0.0"}]}
         ]}));

@@ -1174,9 +1174,7 @@ impl Strategy for PdbStrategy {
             }
         }
         if let Some(sel) = obj.pointer("/spec/selector").filter(|s| !s.is_null()) {
-            if let Err(e) = crate::selectors::LabelSelector::from_label_selector_json(sel) {
-                errs.push(FieldError::invalid("spec.selector", sel, &e.0));
-            }
+            selector_errors("spec.selector", sel, &mut errs);
         }
         errs
     }

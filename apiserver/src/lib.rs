@@ -18,6 +18,7 @@ pub mod componentstatus;
 pub mod continuetoken;
 pub mod crds;
 pub mod discovery;
+pub mod endpointreconciler;
 pub mod error;
 pub mod eventsview;
 pub mod eventttl;
@@ -75,6 +76,18 @@ pub struct Options {
     pub anonymous: authn::Anonymous,
     /// Whether the store is etcd (`--etcd-servers`): how ComponentStatus names it.
     pub etcd: bool,
+    /// `--endpoint-reconciler-type`: whether this apiserver keeps the `kubernetes` Service's
+    /// endpoints (with a lease, beside any other apiserver of the store) or leaves them be.
+    pub endpoint_reconciler: bool,
+}
+
+impl Options {
+    /// Where pods reach this apiserver (the `kubernetes` Service's endpoint it keeps), if it
+    /// keeps one.
+    pub fn endpoint(&self) -> Option<std::net::SocketAddr> {
+        let ip = self.endpoint_ip.filter(|_| self.endpoint_reconciler)?;
+        Some(std::net::SocketAddr::new(ip, self.port))
+    }
 }
 
 impl Default for Options {
@@ -95,6 +108,7 @@ impl Default for Options {
             enable_bootstrap_token_auth: false,
             anonymous: authn::Anonymous::PublicPaths,
             etcd: false,
+            endpoint_reconciler: true,
         }
     }
 }
@@ -182,13 +196,9 @@ pub async fn bootstrap(state: &server::AppState, opts: &Options) -> Result<(), e
             Err(e) => return Err(e),
         }
     }
-    if let Some(ip) = opts.endpoint_ip {
-        for (group, plural, body) in kubernetes_endpoints(ip, opts.port) {
-            let res = resources::find_by_plural(group, plural)
-                .ok_or_else(|| error::ApiError::internal(format!("no {plural} resource")))?;
-            upsert(reg, res, "default", "kubernetes", body).await?;
-        }
-        tracing::info!(%ip, port = opts.port, "the kubernetes service's endpoints name this apiserver");
+    if let Some(me) = opts.endpoint() {
+        let all = endpointreconciler::reconcile(reg, me, false).await?;
+        tracing::info!(%me, apiservers = ?all, "the kubernetes service's endpoints name the live apiservers");
     }
     authz::bootstrap::reconcile(reg).await
 }
@@ -212,55 +222,6 @@ pub fn local_apiservices() -> Vec<Value> {
         .collect()
 }
 
-/// The `kubernetes` Service's Endpoints and EndpointSlice: this apiserver at `ip:port`
-/// (what kube-apiserver's endpoint reconciler writes; the Service has no selector, so no
-/// controller owns them).
-pub fn kubernetes_endpoints(ip: std::net::IpAddr, port: u16) -> [(&'static str, &'static str, Value); 2] {
-    let family = if ip.is_ipv4() { "IPv4" } else { "IPv6" };
-    [
-        (
-            "",
-            "endpoints",
-            json!({"apiVersion": "v1", "kind": "Endpoints",
-                "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
-                "subsets": [{"addresses": [{"ip": ip.to_string()}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}]}),
-        ),
-        (
-            "discovery.k8s.io",
-            "endpointslices",
-            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"kubernetes.io/service-name": "kubernetes"}},
-                "addressType": family,
-                "endpoints": [{"addresses": [ip.to_string()], "conditions": {"ready": true}}],
-                "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}),
-        ),
-    ]
-}
-
-/// Create `body`, or replace the stored object when its content differs (a restart with
-/// another address or port).
-async fn upsert(
-    reg: &Registry,
-    res: &registry::ResourceDef,
-    ns: &str,
-    name: &str,
-    body: Value,
-) -> Result<(), error::ApiError> {
-    match reg.create(res, ns, body.clone(), &WriteOptions::default()).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.code == 409 => {
-            let current = reg.get(res, ns, name).await?;
-            let content = |v: &Value| ["subsets", "endpoints", "ports", "addressType"].map(|f| v.get(f).cloned());
-            if content(&current) == content(&body) {
-                return Ok(());
-            }
-            let opts = WriteOptions::default();
-            reg.update(res, ns, name, body, registry::generic::UpdateKind::Main, &opts).await.map(|_| ())
-        }
-        Err(e) => Err(e),
-    }
-}
-
 /// Start what the configured authorizers need (the RBAC index, the Node authorizer's
 /// graph), complete when this returns: run it after [`bootstrap`], before serving.
 pub async fn start_authorization(state: &server::AppState) -> Result<(), error::ApiError> {
@@ -271,9 +232,3 @@ pub async fn start_authorization(state: &server::AppState) -> Result<(), error::
 }
 
 pub use apimachinery::duration::parse_go_duration;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-}

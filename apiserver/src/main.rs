@@ -28,6 +28,11 @@ struct Args {
     /// credentials: `system:bootstrap:<id>` in `system:bootstrappers`.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     enable_bootstrap_token_auth: bool,
+    /// How the `kubernetes` Service's endpoints are kept: `lease` (each apiserver renews a
+    /// Lease in kube-system and the endpoints list every apiserver whose lease is alive, so
+    /// several apiservers of one store are all there) or `none` (left as they are).
+    #[arg(long, default_value = "lease", value_parser = ["lease", "none"])]
+    endpoint_reconciler_type: String,
     /// The IP address this apiserver is reached at by the cluster: the `kubernetes`
     /// Service's endpoints (how pods reach the API) and discovery's server address. Not a
     /// loopback address: pods cannot reach the host's. Default: with --bind-address 0.0.0.0
@@ -287,6 +292,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         authorization_modes,
         etcd: args.etcd_servers.iter().any(|s| !s.is_empty()),
+        endpoint_reconciler: args.endpoint_reconciler_type == "lease",
     };
     let state = apiserver::build_state(store, &opts)?;
     let _crds = apiserver::crds::spawn(state.registry.clone());
@@ -308,6 +314,11 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     apiserver::start_authorization(&state).await.context("starting authorization")?;
+    // The lease that keeps this apiserver in the kubernetes Service's endpoints, renewed
+    // until shutdown, when it takes this apiserver out of them.
+    let reconciler = opts
+        .endpoint()
+        .map(|me| tokio::spawn(apiserver::endpointreconciler::run(state.registry.clone(), me, shutdown_signal())));
     let listen = |port: u16| {
         let bind = args.bind_address.clone();
         async move {
@@ -365,6 +376,9 @@ async fn main() -> anyhow::Result<()> {
         _ = async { shutdown_signal().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
             tracing::info!(grace = ?SHUTDOWN_GRACE, "closing the connections still open (watches)");
         }
+    }
+    if let Some(r) = reconciler {
+        let _ = tokio::time::timeout(Duration::from_secs(3), r).await;
     }
     Ok(())
 }

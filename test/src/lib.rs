@@ -332,6 +332,20 @@ impl ApiServer {
         }
     }
 
+    /// Stop the process as a service manager does (SIGTERM, then wait for it to exit, at
+    /// most 10 s before SIGKILL) and keep the data dir.
+    pub fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// Stop and start again on the same port and data.
     pub fn restart(&mut self) -> Result<()> {
         self.stop();

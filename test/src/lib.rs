@@ -6,6 +6,7 @@ pub mod bench;
 pub mod cloud_controller_manager;
 pub mod cluster;
 pub mod kubectl;
+pub mod linearizability;
 pub mod scheduler;
 pub mod tenancy;
 

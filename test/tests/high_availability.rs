@@ -3,7 +3,8 @@
 //! the writer was told; Service cluster IPs and node ports handed out concurrently through
 //! both never collide; and the `kubernetes` Service's endpoints list every live apiserver
 //! (each renews a lease) — one that shuts down takes itself out at once, one that is killed
-//! drops out when its lease expires.
+//! drops out when its lease expires. Reads, writes and compare-and-sets through both, with
+//! apiservers killed and etcd stopped meanwhile, form a linearizable history.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -136,3 +137,155 @@ async fn two_apiservers_on_one_etcd_behave_as_one() -> Result<()> {
     println!("a killed apiserver left the kubernetes endpoints after {took:?}");
     Ok(())
 }
+
+/// Reads, writes and compare-and-sets of one ConfigMap's value by four clients, each
+/// operation through either of two apiservers on one etcd, while one apiserver is killed
+/// and restarted, etcd stops answering for a second, and then the other apiserver is
+/// killed: the history is linearizable (`e2e::linearizability`, a Knossos-style checker).
+/// A write is a merge patch of a value never written before; a CAS is an update carrying the
+/// resourceVersion the client last read (409 when another write came first); an operation
+/// without an answer may or may not have happened.
+/// Whether a request failed before it was sent: its server refused the connection (a killed
+/// apiserver). Such an operation did not happen; any other failure may have come after the
+/// server acted.
+fn never_sent(e: &kube::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused) {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reads_writes_and_cas_through_two_apiservers_are_linearizable() -> Result<()> {
+    use e2e::linearizability::{check, Kind, Op};
+    use std::sync::{Arc, Mutex};
+    let etcd = EtcdServer::start_async().await.context("etcd (Debian package etcd-server)")?;
+    let a = ApiServer::start_with(&["--etcd-servers", &etcd.endpoint()])?;
+    let b = ApiServer::start_with(&["--etcd-servers", &etcd.endpoint()])?;
+    let cms: Api<ConfigMap> = Api::namespaced(a.client()?, "default");
+    let reg: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "register"}, "data": {"v": "init"}}))?;
+    cms.create(&PostParams::default(), &reg).await?;
+
+    let epoch = Instant::now();
+    let now = move || epoch.elapsed().as_nanos() as u64;
+    let history: Arc<Mutex<Vec<Op>>> = Arc::default();
+    let servers = [a.client()?, b.client()?];
+    let run_for = Duration::from_secs(9);
+    let mut clients = Vec::new();
+    for id in 0..4usize {
+        let (servers, history) = (servers.clone(), history.clone());
+        clients.push(tokio::spawn(async move {
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (id as u64 + 1);
+            let mut rand = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed
+            };
+            let mut last: Option<(String, String)> = None; // (value, resourceVersion) last read
+            let mut n = 0;
+            while epoch.elapsed() < run_for {
+                let api: Api<ConfigMap> = Api::namespaced(servers[(rand() % 2) as usize].clone(), "default");
+                let pick = rand() % 10;
+                let call = now();
+                let limit = Duration::from_secs(2);
+                let op = if pick < 4 || (pick >= 7 && last.is_none()) {
+                    match tokio::time::timeout(limit, api.get("register")).await {
+                        Ok(Ok(cm)) => {
+                            let v = cm.data.and_then(|d| d.get("v").cloned()).unwrap_or_default();
+                            last = Some((v.clone(), cm.metadata.resource_version.unwrap_or_default()));
+                            Some(Op { client: id, call, ret: Some(now()), kind: Kind::Read(v) })
+                        }
+                        _ => None, // a read without an answer changed nothing
+                    }
+                } else if pick < 7 {
+                    n += 1;
+                    let v = format!("w{id}-{n}");
+                    let patch = kube::api::Patch::Merge(json!({"data": {"v": v}}));
+                    match tokio::time::timeout(limit, api.patch("register", &Default::default(), &patch)).await {
+                        Ok(Ok(_)) => Some(Op { client: id, call, ret: Some(now()), kind: Kind::Write(v) }),
+                        Ok(Err(e)) if never_sent(&e) => None,
+                        _ => Some(Op { client: id, call, ret: None, kind: Kind::Write(v) }),
+                    }
+                } else {
+                    n += 1;
+                    let (old, rv) = last.take().unwrap_or_default();
+                    let new = format!("c{id}-{n}");
+                    let body: ConfigMap = serde_json::from_value(json!({
+                        "metadata": {"name": "register", "resourceVersion": rv}, "data": {"v": new}}))
+                    .unwrap_or_default();
+                    let cas = |ret, ok| {
+                        Some(Op { client: id, call, ret, kind: Kind::Cas { old: old.clone(), new: new.clone(), ok } })
+                    };
+                    match tokio::time::timeout(limit, api.replace("register", &PostParams::default(), &body)).await {
+                        Ok(Ok(_)) => cas(Some(now()), true),
+                        Ok(Err(kube::Error::Api(s))) if s.code == 409 => cas(Some(now()), false),
+                        Ok(Err(e)) if never_sent(&e) => None,
+                        _ => cas(None, false),
+                    }
+                };
+                let failed = op.as_ref().is_none_or(|o| o.ret.is_none());
+                if let Some(op) = op {
+                    history.lock().unwrap_or_else(|e| e.into_inner()).push(op);
+                }
+                if failed {
+                    // The server is down or slow: do not spin on it.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }));
+    }
+    // The faults, in turn.
+    let faults = tokio::task::spawn_blocking(move || -> Result<Vec<String>> {
+        let (mut a, mut b, mut etcd) = (a, b, etcd);
+        let at = |secs: f64| std::thread::sleep(Duration::from_secs_f64(secs).saturating_sub(epoch.elapsed()));
+        let mut log = Vec::new();
+        at(1.5);
+        a.stop();
+        log.push(format!("{:?} killed A", epoch.elapsed()));
+        at(3.0);
+        a.restart()?;
+        log.push(format!("{:?} A back", epoch.elapsed()));
+        at(4.5);
+        etcd.pause()?;
+        log.push(format!("{:?} etcd stopped", epoch.elapsed()));
+        at(5.5);
+        etcd.resume()?;
+        log.push(format!("{:?} etcd continues", epoch.elapsed()));
+        at(6.5);
+        b.stop();
+        log.push(format!("{:?} killed B", epoch.elapsed()));
+        at(7.5);
+        b.restart()?;
+        log.push(format!("{:?} B back", epoch.elapsed()));
+        // Keep the servers and etcd until the clients are done.
+        at(run_for.as_secs_f64() + 2.5);
+        drop((a, b, etcd));
+        Ok(log)
+    });
+    for c in clients {
+        c.await?;
+    }
+    let history = std::mem::take(&mut *history.lock().unwrap_or_else(|e| e.into_inner()));
+    let unanswered = history.iter().filter(|o| o.ret.is_none()).count();
+    let (reads, writes) = (
+        history.iter().filter(|o| matches!(o.kind, Kind::Read(_))).count(),
+        history.iter().filter(|o| matches!(o.kind, Kind::Write(_))).count(),
+    );
+    let cas_ok = history.iter().filter(|o| matches!(o.kind, Kind::Cas { ok: true, .. }) && o.ret.is_some()).count();
+    println!(
+        "{} operations: {reads} reads, {writes} writes, {} CAS ({cas_ok} won), {unanswered} without an answer",
+        history.len(),
+        history.len() - reads - writes
+    );
+    ensure!(history.len() > 200 && cas_ok > 0 && unanswered > 0, "too little happened to check");
+    let started = Instant::now();
+    check("init", &history).map_err(anyhow::Error::msg)?;
+    println!("linearizable (checked in {:?}); faults: {:?}", started.elapsed(), faults.await??);
+    Ok(())
+}
+

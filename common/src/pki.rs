@@ -220,6 +220,15 @@ pub fn leaves(spec: &Spec) -> Result<Vec<Leaf>, PkiError> {
             usage: Usage::Server(host_sans(spec)),
             kubeconfig: false,
         },
+        // The dashboard's HTTPS: browsers that trust the cluster's CA trust it. (The
+        // dashboard has no client identity: it calls the API with each person's own.)
+        Leaf {
+            name: "dashboard-serving".into(),
+            common_name: "minik8s-dashboard".into(),
+            organizations: vec![],
+            usage: Usage::Server(host_sans(spec)),
+            kubeconfig: false,
+        },
     ];
     for n in &spec.nodes {
         if n.is_empty() || n.contains(['/', '\0']) || n.starts_with('.') {
@@ -871,6 +880,8 @@ mod tests {
             [
                 APISERVER_CERT,
                 APISERVER_KEY,
+                "dashboard-serving.crt",
+                "dashboard-serving.key",
                 "kubelet-node-3.conf",
                 "module-controller-serving.crt",
                 "module-controller-serving.key"

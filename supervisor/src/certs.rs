@@ -206,6 +206,8 @@ mod tests {
                 "ca.key",
                 "cloud-controller-manager.conf",
                 "controller-manager.conf",
+                "dashboard-serving.crt",
+                "dashboard-serving.key",
                 "kube-proxy.conf",
                 "kube-state-metrics.conf",
                 "kubelet-n1.conf",

@@ -549,6 +549,20 @@ pub fn node_clients() -> Option<PathBuf> {
     client_library_found(Path::new("node"), &probe, Some(&dir), &missing).then_some(dir)
 }
 
+/// What the browser tests drive: the directory of [`node_clients`] (with `playwright-core`
+/// in its `node_modules`) and Debian's Chromium (`MINIK8S_CHROMIUM` overrides
+/// `/usr/bin/chromium`). `None` when either is missing; under `CI=true` that is a failure.
+pub fn browser() -> Option<(PathBuf, PathBuf)> {
+    let dir = node_clients()?;
+    let missing = format!("node with playwright-core in {}", dir.display());
+    if !client_library_found(Path::new("node"), &["-e", "import('playwright-core')"], Some(&dir), &missing) {
+        return None;
+    }
+    let chromium = std::env::var("MINIK8S_CHROMIUM").map(PathBuf::from).unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let missing = format!("{} (Debian's chromium)", chromium.display());
+    client_library_found(&chromium, &["--version"], None, &missing).then_some((dir, chromium))
+}
+
 /// The test manifests (`test/manifests/`; `MINIK8S_MANIFESTS` overrides).
 pub fn manifests_dir() -> PathBuf {
     std::env::var("MINIK8S_MANIFESTS")

@@ -21,8 +21,11 @@
 //! components, so it is where certificates are made before they are needed.
 //! `minik8s-supervisor store snapshot|info` copies the embedded store's file for backups
 //! (the storage crate's `embedded::snapshot`), as `etcdctl snapshot save` does for etcd.
+//! `minik8s-supervisor apiserver-lb` is the TCP load balancer in front of an HA cluster's
+//! apiservers ([`lb`]).
 
 mod certs;
+mod lb;
 mod policy;
 
 use std::collections::BTreeMap;
@@ -70,6 +73,9 @@ enum Command {
     /// The embedded store's file: snapshots for backups (`scripts/cluster backup`).
     #[command(subcommand)]
     Store(StoreCommand),
+    /// A TCP load balancer in front of several apiservers (`scripts/cluster up --ha`): the
+    /// one address the components' kubeconfigs name.
+    ApiserverLb(lb::LbArgs),
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -279,6 +285,7 @@ async fn main() -> anyhow::Result<()> {
     let dir = match (args.command, args.dir) {
         (Some(Command::Certs(cmd)), _) => return certs::run(cmd),
         (Some(Command::Store(cmd)), _) => return store_command(cmd),
+        (Some(Command::ApiserverLb(a)), _) => return lb::run(a).await,
         (None, Some(dir)) => dir,
         (None, None) => anyhow::bail!("--dir is required"),
     };

@@ -289,3 +289,365 @@ async fn reads_writes_and_cas_through_two_apiservers_are_linearizable() -> Resul
     Ok(())
 }
 
+/// The chaos test: `scripts/cluster up --ha` (3 etcd members, 2 apiservers behind the load
+/// balancer, 2 schedulers, 2 controller-managers, one node); three clients create and
+/// update ConfigMaps and Services through the load balancer, a watch follows the
+/// ConfigMaps, a Deployment is scaled from 2 to 4; meanwhile each apiserver, the etcd
+/// leader, the scheduler leader and the controller-manager leader are killed with SIGKILL in
+/// turn (the supervisor starts each again). Afterwards: every acknowledged write is there;
+/// the watch never went back or repeated a resourceVersion and ends in the listed state;
+/// the Deployment has exactly its 4 pods; no two Services share a cluster IP or node port.
+mod chaos {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    use e2e::cluster::{component_pid, script as cluster, Down};
+    use e2e::{free_port, host_cluster_lock};
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{ListParams, Patch, PatchParams};
+
+    async fn client(kubeconfig: &Path) -> Result<kube::Client> {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        config.read_timeout = Some(Duration::from_secs(10));
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    fn kill9(home: &Path, name: &str) -> Result<u32> {
+        let pid = component_pid(home, name).with_context(|| format!("{name} is not running"))?;
+        std::process::Command::new("kill").args(["-9", &pid.to_string()]).status()?;
+        Ok(pid)
+    }
+
+    /// Wait until the supervisor runs `name` again as a new process.
+    async fn restarted(home: &Path, name: &str, old: u32) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while component_pid(home, name).is_none_or(|p| p == old) {
+            ensure!(Instant::now() < deadline, "{name} was not restarted");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
+    /// The component (`scheduler` or `scheduler-2`, …) whose process holds the Lease `lease`:
+    /// its log names the identity it campaigns as.
+    async fn leader(client: &kube::Client, home: &Path, lease: &str, names: [&str; 2]) -> Result<String> {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(l) = leases.get(lease).await {
+                let holder = l.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+                for n in names {
+                    let log = std::fs::read_to_string(home.join(format!("logs/{n}.log"))).unwrap_or_default();
+                    // The log of the process running now: its last campaign.
+                    let last = log.lines().rev().find(|l| l.contains("attempting to acquire leader lease"));
+                    if !holder.is_empty() && last.is_some_and(|l| l.contains(&holder)) {
+                        return Ok(n.to_string());
+                    }
+                }
+            }
+            ensure!(Instant::now() < deadline, "no live holder of lease {lease}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The etcd member that leads now (`etcd-1` …), from `etcdctl endpoint status`.
+    fn etcd_leader(home: &Path) -> Result<String> {
+        for i in 1..=3 {
+            let spec: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(home.join(format!("supervisor/etcd-{i}.json")))?)?;
+            let argv: Vec<&str> = spec["argv"].as_array().into_iter().flatten().filter_map(|a| a.as_str()).collect();
+            let url = argv
+                .windows(2)
+                .find(|w| w[0] == "--listen-client-urls")
+                .map(|w| w[1].to_string())
+                .context("etcd's --listen-client-urls")?;
+            let out = std::process::Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &url, "endpoint", "status", "-w", "json"])
+                .output()?;
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let status = &v[0]["Status"];
+            if status["leader"].as_u64().is_some() && status["leader"] == status["header"]["member_id"] {
+                return Ok(format!("etcd-{i}"));
+            }
+        }
+        bail!("no etcd member says it leads")
+    }
+
+    #[derive(Default)]
+    struct Acked {
+        /// ConfigMap name → the value of its last acknowledged write.
+        configmaps: BTreeMap<String, String>,
+        services: usize,
+        failed: usize,
+    }
+
+    /// One client's load: create a ConfigMap, then update it; every 5th round a Service.
+    async fn writer(
+        client: kube::Client,
+        id: usize,
+        acked: Arc<Mutex<Acked>>,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "chaos");
+        let svcs: Api<Service> = Api::namespaced(client, "chaos");
+        let mut i = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let name = format!("w{id}-{i}");
+            let cm: ConfigMap =
+                serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": "0"}})).expect("configmap");
+            let record = |ok: bool, v: &str| {
+                let mut a = acked.lock().unwrap_or_else(|e| e.into_inner());
+                if ok {
+                    a.configmaps.insert(name.clone(), v.to_string());
+                } else {
+                    a.failed += 1;
+                }
+            };
+            let ok = cms.create(&PostParams::default(), &cm).await.is_ok();
+            record(ok, "0");
+            if ok {
+                let patch = Patch::Merge(json!({"data": {"v": "1"}}));
+                let ok = cms.patch(&name, &PatchParams::default(), &patch).await.is_ok();
+                record(ok, "1");
+            }
+            if i % 5 == 0 {
+                let svc: Service = serde_json::from_value(json!({"metadata": {"name": format!("s{id}-{i}")},
+                    "spec": {"type": "NodePort", "ports": [{"port": 80}], "selector": {"app": "none"}}}))
+                .expect("service");
+                if svcs.create(&PostParams::default(), &svc).await.is_ok() {
+                    acked.lock().unwrap_or_else(|e| e.into_inner()).services += 1;
+                }
+            }
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// What the watch saw: (type, name, resourceVersion, value), in order.
+    type Seen = Arc<Mutex<Vec<(String, String, u64, String)>>>;
+
+    /// Every ConfigMap event of namespace chaos, resumed from the last one seen after any
+    /// failure: (type, name, resourceVersion, value).
+    async fn follow(client: kube::Client, seen: Seen, from: String) {
+        let cms: Api<ConfigMap> = Api::namespaced(client, "chaos");
+        let mut rv = from;
+        loop {
+            seen.lock().unwrap_or_else(|e| e.into_inner()).push((
+                "ERROR".into(),
+                format!("watch from {rv}"),
+                0,
+                String::new(),
+            ));
+            let Ok(stream) = cms.watch(&WatchParams::default().timeout(60), &rv).await else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let mut stream = stream.boxed();
+            while let Ok(Some(ev)) = stream.try_next().await {
+                let (t, cm) = match ev {
+                    WatchEvent::Added(cm) => ("ADDED", cm),
+                    WatchEvent::Modified(cm) => ("MODIFIED", cm),
+                    WatchEvent::Deleted(cm) => ("DELETED", cm),
+                    WatchEvent::Bookmark(b) => {
+                        rv = b.metadata.resource_version;
+                        continue;
+                    }
+                    WatchEvent::Error(e) => {
+                        seen.lock().unwrap_or_else(|e| e.into_inner()).push((
+                            "ERROR".into(),
+                            e.message,
+                            e.code as u64,
+                            String::new(),
+                        ));
+                        break;
+                    }
+                };
+                let v = cm.data.as_ref().and_then(|d| d.get("v")).cloned().unwrap_or_default();
+                rv = cm.metadata.resource_version.clone().unwrap_or_default();
+                let n = rv.parse().unwrap_or(0);
+                seen.lock().unwrap_or_else(|e| e.into_inner()).push((
+                    t.into(),
+                    cm.metadata.name.unwrap_or_default(),
+                    n,
+                    v,
+                ));
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn killing_any_control_plane_process_loses_nothing() -> Result<()> {
+        let _host = host_cluster_lock();
+        let tmp = tempfile::tempdir()?;
+        let home = tmp.path().join("state");
+        let port = free_port();
+        let _down = Down(&home, port);
+        let (ok, out) = cluster(&home, port, &["up", "--ha"]);
+        ensure!(ok, "cluster up --ha failed:\n{out}");
+        let kc = home.join("kubeconfig");
+        let client = client(&kc).await?;
+        let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        ns.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "chaos"}}))?).await?;
+        let deploys: Api<Deployment> = Api::namespaced(client.clone(), "chaos");
+        let deploy: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "app"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "app"}},
+                "template": {"metadata": {"labels": {"app": "app"}}, "spec": {"terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "c", "image": "busybox", "imagePullPolicy": "IfNotPresent",
+                                    "command": ["sleep", "3600"]}]}}},
+        }))?;
+        deploys.create(&PostParams::default(), &deploy).await?;
+
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "chaos");
+        let from = cms.list_metadata(&Default::default()).await?.metadata.resource_version.unwrap_or_default();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let watcher = tokio::spawn(follow(client.clone(), seen.clone(), from));
+        let acked = Arc::new(Mutex::new(Acked::default()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut writers = Vec::new();
+        for id in 0..3 {
+            writers.push(tokio::spawn(writer(client.clone(), id, acked.clone(), stop.clone())));
+        }
+
+        let mut kills = Vec::new();
+        for step in 0..6 {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let victim = match step {
+                0 => "apiserver".to_string(),
+                1 => "apiserver-2".to_string(),
+                2 => etcd_leader(&home)?,
+                3 => leader(&client, &home, "kube-scheduler", ["scheduler", "scheduler-2"]).await?,
+                4 => {
+                    leader(&client, &home, "kube-controller-manager", ["controller-manager", "controller-manager-2"])
+                        .await?
+                }
+                _ => {
+                    // Scale while the last kill's replacement campaigns.
+                    deploys
+                        .patch_scale("app", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 4}})))
+                        .await?;
+                    continue;
+                }
+            };
+            let pid = kill9(&home, &victim)?;
+            let started = Instant::now();
+            restarted(&home, &victim, pid).await?;
+            kills.push(format!("{victim} (pid {pid}, back in {:?})", started.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in writers {
+            w.await?;
+        }
+        println!("killed: {kills:?}");
+
+        // Every acknowledged write is there, with its last acknowledged value or a later one.
+        let acked = std::mem::take(&mut *acked.lock().unwrap_or_else(|e| e.into_inner()));
+        ensure!(acked.configmaps.len() > 50, "the load made only {} ConfigMaps", acked.configmaps.len());
+        let stored: BTreeMap<String, String> = cms
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|cm| {
+                (cm.metadata.name.unwrap_or_default(), cm.data.and_then(|d| d.get("v").cloned()).unwrap_or_default())
+            })
+            .collect();
+        for (name, v) in &acked.configmaps {
+            let got = stored.get(name).with_context(|| format!("acknowledged ConfigMap {name} is gone"))?;
+            ensure!(got.as_str() >= v.as_str(), "{name}: acknowledged v={v}, stored v={got}");
+        }
+        println!(
+            "{} ConfigMaps acknowledged ({} stored), {} Services, {} writes failed during the kills",
+            acked.configmaps.len(),
+            stored.len(),
+            acked.services,
+            acked.failed
+        );
+
+        // The watch: resourceVersions only go up, and its events end in the stored state (a
+        // watch stuck on a dead connection would be renewed within the server's 60 s).
+        let caught_up = Instant::now();
+        let deadline = caught_up + Duration::from_secs(75);
+        loop {
+            let state: BTreeMap<String, String> = {
+                let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                let mut state = BTreeMap::new();
+                for (t, name, _, v) in seen.iter() {
+                    match t.as_str() {
+                        "DELETED" => {
+                            state.remove(name);
+                        }
+                        "ERROR" => {}
+                        _ => {
+                            state.insert(name.clone(), v.clone());
+                        }
+                    }
+                }
+                state
+            };
+            if state == stored {
+                println!("the watch matched the list {:?} after the writes stopped", caught_up.elapsed());
+                break;
+            }
+            if Instant::now() >= deadline {
+                let missing: Vec<_> = stored.iter().filter(|(k, v)| state.get(*k) != Some(*v)).collect();
+                let extra: Vec<_> = state.keys().filter(|k| !stored.contains_key(*k)).collect();
+                let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                let errors: Vec<_> = seen.iter().filter(|(t, ..)| t == "ERROR").collect();
+                let rvs: Vec<u64> = seen.iter().filter(|(t, ..)| t != "ERROR").map(|(_, _, rv, _)| *rv).collect();
+                let gaps: Vec<_> = rvs.windows(2).filter(|w| w[1] > w[0] + 50).collect();
+                bail!(
+                    "the watch's state ({} objects) never matched the list ({}): differ {missing:?}, extra {extra:?}; \
+                     watch errors {errors:?}; large resourceVersion gaps {gaps:?}",
+                    state.len(),
+                    stored.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        watcher.abort();
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let rvs: Vec<u64> = seen.iter().filter(|(t, ..)| t != "ERROR").map(|(_, _, rv, _)| *rv).collect();
+        ensure!(rvs.windows(2).all(|w| w[0] < w[1]), "the watch's resourceVersions went back or repeated");
+        let rewatches = seen.iter().filter(|(t, ..)| t == "ERROR").count();
+        println!("the watch saw {} events and was started {rewatches} times", rvs.len());
+
+        // Services: no cluster IP or node port twice.
+        let svcs: Api<Service> = Api::namespaced(client.clone(), "chaos");
+        let all = svcs.list(&ListParams::default()).await?.items;
+        let ips: BTreeSet<String> = all.iter().filter_map(|s| s.spec.as_ref()?.cluster_ip.clone()).collect();
+        let ports: BTreeSet<i32> =
+            all.iter().filter_map(|s| s.spec.as_ref()?.ports.as_ref()?.first()?.node_port).collect();
+        ensure!(
+            ips.len() == all.len() && ports.len() == all.len(),
+            "{} Services, {} IPs, {} node ports",
+            all.len(),
+            ips.len(),
+            ports.len()
+        );
+        ensure!(all.len() >= acked.services, "{} Services stored, {} acknowledged", all.len(), acked.services);
+
+        // The Deployment: exactly 4 pods, all running.
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "chaos");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let list = pods.list(&ListParams::default().labels("app=app")).await?.items;
+            let live: Vec<&Pod> = list.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+            let running =
+                live.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count();
+            if live.len() == 4 && running == 4 {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "the Deployment has {} pods ({running} running), want 4", live.len());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Ok(())
+    }
+}

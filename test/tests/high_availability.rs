@@ -505,7 +505,17 @@ mod chaos {
         deploys.create(&PostParams::default(), &deploy).await?;
 
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "chaos");
-        let from = cms.list_metadata(&Default::default()).await?.metadata.resource_version.unwrap_or_default();
+        // What is there before the watch starts (the controller-manager's kube-root-ca.crt,
+        // if it came first): the watch's state starts from it.
+        let listed = cms.list(&ListParams::default()).await?;
+        let from = listed.metadata.resource_version.clone().unwrap_or_default();
+        let initial: BTreeMap<String, String> = listed
+            .items
+            .into_iter()
+            .map(|cm| {
+                (cm.metadata.name.unwrap_or_default(), cm.data.and_then(|d| d.get("v").cloned()).unwrap_or_default())
+            })
+            .collect();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let watcher = tokio::spawn(follow(client.clone(), seen.clone(), from));
         let acked = Arc::new(Mutex::new(Acked::default()));
@@ -578,7 +588,7 @@ mod chaos {
         loop {
             let state: BTreeMap<String, String> = {
                 let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-                let mut state = BTreeMap::new();
+                let mut state = initial.clone();
                 for (t, name, _, v) in seen.iter() {
                     match t.as_str() {
                         "DELETED" => {

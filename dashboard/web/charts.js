@@ -23,7 +23,7 @@ const hhmm = (t) => new Date(t).toLocaleTimeString([], { hour: '2-digit', minute
 
 // series: [{name, points: [[timeMs, value], ...]}]; unit: e.g. 'cores'; from/to: the time range (ms).
 export function lineChart({ title, unit, yLabel, series, from, to, note, gap = 60000 }) {
-  const W = 640, H = 250, L = 58, R = 14, T = 14, B = 42;
+  const W = 640, H = 250, L = 72, R = 14, T = 14, B = 42;
   const id = `chart-${++chartId}`;
   const all = series.flatMap((x) => x.points.map((p) => p[1])).filter(isFinite);
   let max = all.length ? Math.max(...all) : 0;

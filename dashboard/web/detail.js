@@ -1,5 +1,5 @@
 // The page of one object: summary, owner and children, YAML editor, events, logs, terminal, plots.
-import { ListWatch, k8s, request, quantity, query } from './api.js';
+import { ApiError, ListWatch, k8s, request, quantity, query } from './api.js';
 import { h, LiveTable, liveIndicator, ageEl, kv, labelsEl, notice, state } from './ui.js';
 import {
   byResource, byKind, kindFor, collectionPath, objectPath, objectHash, columnsFor, podColumns, podStatus, statusEl,
@@ -542,7 +542,7 @@ function logsTab(panel, ctx, scope) {
       h('button', { type: 'button', onclick: () => start() }, 'Reload logs'), streamState),
     out);
 
-  let pending = '', scheduled = false, size = 0;
+  let pending = '', scheduled = false, size = 0, retries = 0;
   const sys = (t) => { flush(); out.append(h('span', { class: 'sys' }, t + '\n')); out.scrollTop = out.scrollHeight; };
   function flush() {
     scheduled = false;
@@ -573,6 +573,7 @@ function logsTab(panel, ctx, scope) {
         for (;;) {
           const { value, done } = await reader.read();
           if (done) break;
+          retries = 0;
           pending += dec.decode(value, { stream: true });
           if (!scheduled) { scheduled = true; requestAnimationFrame(flush); setTimeout(() => scheduled && flush(), 250); }
         }
@@ -580,6 +581,16 @@ function logsTab(panel, ctx, scope) {
       } catch (e) {
         if (ac.signal.aborted) return;
         flush();
+        // A followed stream that breaks (the browser drops open requests when the machine's
+        // network changes, as it does when pods start on it) is followed again.
+        if (follow.checked && !(e instanceof ApiError) && retries < 5) {
+          retries += 1;
+          sys(`The log stream broke (${e.message}); following again…`);
+          streamState.className = 'live';
+          streamState.textContent = 'reconnecting';
+          setTimeout(() => { if (!ac.signal.aborted) start(); }, 1000 * retries);
+          return;
+        }
         sys(`Cannot read the logs: ${e.message}`);
         streamState.className = 'live bad';
         streamState.textContent = 'error';
@@ -756,10 +767,11 @@ function metricsTab(panel, ctx, scope, sampler) {
   const sel = K === 'Node' ? `node="${name}"` : K === 'Pod' ? `namespace="${ns}",pod="${name}",container!=""` : `namespace="${ns}",pod=~"${podNameRe(name).replace(/\\/g, '\\\\')}",container!=""`;
   const by = K === 'Pod' ? 'container' : 'pod';
   const queries = K === 'Node'
-    ? { cpu: `sum(rate(node_cpu_usage_seconds_total{${sel}}[2m]))`, mem: `sum(node_memory_working_set_bytes{${sel}}) / 1048576` }
+    // The kubelet exports no machine-wide series to Prometheus: a node's plot is its containers' use.
+    ? { cpu: `sum(rate(container_cpu_usage_seconds_total{${sel},container!=""}[2m]))`, mem: `sum(container_memory_working_set_bytes{${sel},container!=""}) / 1048576` }
     : { cpu: `sum by (${by}) (rate(container_cpu_usage_seconds_total{${sel}}[2m]))`, mem: `sum by (${by}) (container_memory_working_set_bytes{${sel}}) / 1048576` };
   const toSeries = (result) => {
-    let series = result.map((r) => ({ name: K === 'Node' ? name : r.metric[by] || '(all)', points: r.values.map(([t, v]) => [t * 1000, parseFloat(v)]) }));
+    let series = result.map((r) => ({ name: K === 'Node' ? `containers on ${name}` : r.metric[by] || '(all)', points: r.values.map(([t, v]) => [t * 1000, parseFloat(v)]) }));
     if (K === 'Deployment') {
       const sum = new Map();
       for (const s of series) for (const [t, v] of s.points) sum.set(t, (sum.get(t) || 0) + v);

@@ -191,6 +191,23 @@ await step('terminal', async () => {
   await shot('terminal.png');
 });
 
+// The Deployment's CPU and memory plots: from Prometheus when the cluster runs one
+// (scripts/cluster up --monitoring), else sampled from the metrics API.
+await step('plots', async () => {
+  await go(deployHash);
+  await h1Is('Deployment web');
+  await page.getByRole('tab', { name: 'Metrics' }).click();
+  await until('a CPU plot with data', () => {
+    const fig = document.querySelector('figure.chart');
+    return fig && /CPU/.test(fig.querySelector('figcaption')?.textContent || '') && /\(now /.test(fig.querySelector('.legend')?.textContent || '')
+      && fig.querySelector('svg path, svg circle');
+  }, undefined, 90000);
+  const note = await text('figure.chart figcaption');
+  const legend = await text('figure.chart .legend');
+  await shot('metrics.png');
+  return { source: /Prometheus/.test(note) ? 'prometheus' : 'metrics API', legend };
+});
+
 await step('yaml-error', async () => {
   await go(deployHash);
   await h1Is('Deployment web');

@@ -1,12 +1,14 @@
 //! The web dashboard as its users meet it: `scripts/cluster up` starts it and prints its
 //! address; a person logs in with the admin's kubeconfig (a client certificate) or a
 //! ServiceAccount token, and the dashboard calls the API as that person — RBAC refuses the
-//! read-only user's scale, a token the cluster no longer accepts gets the login page.
+//! read-only user's scale, an expired token or one the cluster no longer accepts gets the
+//! login page. The cluster runs Prometheus (`up --monitoring`), which the plots read.
 //!
 //! First over HTTP (curl, with the cluster's CA: the dashboard's certificate is the
 //! cluster's), then in a real browser: Debian's Chromium driven by playwright-core
 //! (test/clients/dashboard.mjs) logs in, watches a Deployment scale to 3 live, reads a log
-//! line printed after the page opened, runs `echo hi` in the terminal, sees a validation
+//! line printed after the page opened, runs `echo hi` in the terminal, sees the Deployment's
+//! CPU and memory plotted from Prometheus, sees a validation
 //! error beside its YAML line, deletes an object it is looking at, checks a narrow window
 //! and the keyboard, and times the pod list with 1,000 pods. Screenshots of every step are
 //! kept under `target/dashboard-screenshots/`.
@@ -42,6 +44,22 @@ fn token(kubeconfig: &Path, account: &str) -> String {
         .unwrap_or_else(|e| panic!("kubectl create token: {e}"));
     assert!(out.status.success(), "kubectl create token: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A token the cluster issued, expired ten minutes ago: `token`'s claims with its lifetime moved
+/// into the past, signed again with the cluster's ServiceAccount key (the apiserver's own
+/// signer), so the apiserver refuses it for its expiry alone.
+fn expired(token: &str, pki: &Path) -> String {
+    use apiserver::serviceaccount::{keys::Keys, token::Claims};
+    use base64::Engine;
+    let payload = token.split('.').nth(1).expect("a JWT");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).expect("base64url");
+    let mut claims: Claims = serde_json::from_slice(&bytes).expect("ServiceAccount token claims");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    // Ten minutes ago: beyond the minute of clock skew a token is allowed (as go-jose allows).
+    (claims.iat, claims.nbf, claims.exp) = (now - 3600, now - 3600, now - 600);
+    let keys = Keys::load(&pki.join("sa.key"), &[pki.join("sa.pub")]).expect("the cluster's ServiceAccount keys");
+    keys.sign(&claims).expect("signing")
 }
 
 /// A curl against the dashboard: (HTTP code, body). `jar`: the cookie file of a session.
@@ -125,7 +143,9 @@ fn the_dashboard_serves_each_person_as_themselves_in_a_real_browser() {
     let home = tmp.path().join("state");
     let port = free_port();
     let _down = Down(&home, port);
-    let (ok, out) = cluster(&home, port, &["up"]);
+    // With Prometheus (scraping every 2 s), which the dashboard's plots read.
+    std::env::set_var("MINIK8S_SCRAPE_INTERVAL", "2s");
+    let (ok, out) = cluster(&home, port, &["up", "--monitoring"]);
     assert!(ok, "cluster up failed:\n{out}");
     // up prints the address.
     let url = out
@@ -143,6 +163,7 @@ fn the_dashboard_serves_each_person_as_themselves_in_a_real_browser() {
     let viewer = token(&kc, "viewer");
     let refused = token(&kc, "gone");
     kubectl(&kc, &["delete", "serviceaccount", "gone", "-n", "dash"], None);
+    let expired = expired(&viewer, &home.join("pki"));
 
     // Over HTTP: the dashboard's certificate is the cluster CA's; no session, no API.
     let jar = tmp.path().join("admin.jar");
@@ -214,6 +235,17 @@ fn the_dashboard_serves_each_person_as_themselves_in_a_real_browser() {
         curl(&ca, &tmp.path().join("r.jar"), "POST", &format!("{url}login"), &[ctype, "X-Dashboard: 1"], Some(&login));
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("the cluster refused these credentials"), "{body}");
+    // An expired token: the same refusal.
+    let login = serde_json::json!({"token": expired}).to_string();
+    let (code, body) =
+        curl(&ca, &tmp.path().join("e.jar"), "POST", &format!("{url}login"), &[ctype, "X-Dashboard: 1"], Some(&login));
+    assert_eq!(code, 401, "{body}");
+    // The plots' queries reach Prometheus, for a logged-in person only.
+    let range = format!("{url}prometheus/api/v1/query_range?query=up&start=0&end=1&step=15");
+    let (code, body) = curl(&ca, &tmp.path().join("none.jar"), "GET", &range, &[], None);
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = curl(&ca, &vjar, "GET", &range, &[], None);
+    assert!(code == 200 && body.contains("\"status\":\"success\""), "{code} {body}");
     // Logout ends the session.
     let (code, _) = curl(&ca, &vjar, "POST", &format!("{url}logout"), &["X-Dashboard: 1"], None);
     assert_eq!(code, 204);
@@ -233,7 +265,7 @@ fn the_dashboard_serves_each_person_as_themselves_in_a_real_browser() {
         .env("DASHBOARD_URL", &url)
         .env("KUBECONFIG_FILE", &kc)
         .env("VIEWER_TOKEN", &viewer)
-        .env("EXPIRED_TOKEN", &refused)
+        .env("EXPIRED_TOKEN", &expired)
         .env("SCREENSHOT_DIR", &shots)
         .env("NAMESPACE", "dash")
         .env("PODS_1000", "many")
@@ -258,6 +290,7 @@ fn the_dashboard_serves_each_person_as_themselves_in_a_real_browser() {
         "scale",
         "logs",
         "terminal",
+        "plots",
         "yaml-error",
         "deleted",
         "forbidden",
@@ -269,7 +302,11 @@ fn the_dashboard_serves_each_person_as_themselves_in_a_real_browser() {
             "step {want} did not pass:\n{stdout}\n{stderr}"
         );
     }
-    for shot in ["overview.png", "deployment.png", "logs.png", "terminal.png", "yaml-error.png", "narrow.png"] {
+    let plots = steps.iter().find(|s| s["step"] == "plots").cloned().unwrap_or_default();
+    assert_eq!(plots["source"], "prometheus", "the plots read Prometheus: {plots}");
+    for shot in
+        ["overview.png", "deployment.png", "logs.png", "terminal.png", "metrics.png", "yaml-error.png", "narrow.png"]
+    {
         assert!(shots.join(shot).exists(), "screenshot {shot} saved");
     }
 }

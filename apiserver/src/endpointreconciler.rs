@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::registry::generic::{DeleteOptions, ListOptions, Registry, UpdateKind, WriteOptions};
 use crate::resources;
+use crate::selectors::LabelSelector;
 
 /// How long a lease lives without renewal (upstream's master lease TTL).
 pub const LEASE_TTL: Duration = Duration::from_secs(15);
@@ -149,6 +150,13 @@ async fn upsert(reg: &Registry, group: &str, plural: &str, name: &str, body: Val
     }
 }
 
+/// A list of the objects `selector` selects.
+fn labelled(selector: &str) -> Result<ListOptions, ApiError> {
+    let label_selector =
+        LabelSelector::parse(selector).map_err(|e| ApiError::internal(format!("{selector}: {e:?}")))?;
+    Ok(ListOptions { label_selector, ..Default::default() })
+}
+
 async fn delete(reg: &Registry, group: &str, plural: &str, ns: &str, name: &str) -> Result<(), ApiError> {
     match reg.delete(res(group, plural)?, ns, name, &DeleteOptions::default()).await {
         Ok(_) => Ok(()),
@@ -175,17 +183,8 @@ pub async fn reconcile(reg: &Registry, me: SocketAddr, leaving: bool) -> Result<
             Err(e) => return Err(e),
         }
     }
-    let list = reg.list(leases, Some(NAMESPACE), &ListOptions::default()).await?;
-    let ours: Vec<Value> = list["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .filter(|l| l.pointer(&format!("/metadata/labels/{}", LEASE_LABEL.replace('/', "~1"))).is_some())
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default();
+    let list = reg.list(leases, Some(NAMESPACE), &labelled(LEASE_LABEL)?).await?;
+    let ours = list["items"].as_array().cloned().unwrap_or_default();
     let (mut alive, dead) = live(&ours, now);
     if leaving {
         alive.retain(|a| *a != me);
@@ -203,13 +202,17 @@ pub async fn reconcile(reg: &Registry, me: SocketAddr, leaving: bool) -> Result<
         upsert(reg, group, plural, &name, body).await?;
     }
     // Slices of ports no apiserver uses any more.
-    let slices = reg.list(res("discovery.k8s.io", "endpointslices")?, Some("default"), &ListOptions::default()).await?;
+    let slices = reg
+        .list(
+            res("discovery.k8s.io", "endpointslices")?,
+            Some("default"),
+            &labelled(&format!("kubernetes.io/service-name={SERVICE}"))?,
+        )
+        .await?;
     for s in slices["items"].as_array().into_iter().flatten() {
         let name = s.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-        let of_service =
-            s.pointer("/metadata/labels/kubernetes.io~1service-name").and_then(Value::as_str) == Some(SERVICE);
         let ours = name == SERVICE || name.strip_prefix("kubernetes-").is_some_and(|p| p.parse::<u16>().is_ok());
-        if of_service && ours && !wanted_slices.iter().any(|w| w == name) {
+        if ours && !wanted_slices.iter().any(|w| w == name) {
             delete(reg, "discovery.k8s.io", "endpointslices", "default", name).await?;
         }
     }

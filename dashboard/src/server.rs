@@ -216,20 +216,10 @@ async fn k8s(State(app): State<Arc<App>>, Path(path): Path<String>, req: Request
             upstream = upstream.header(name, v);
         }
     }
-    let upstream = match upstream.body(kube::client::Body::from(body)) {
+    let resp = match forward(&app, &id, &session, upstream.body(kube::client::Body::from(body))).await {
         Ok(r) => r,
-        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+        Err(r) => return r,
     };
-    let resp = match session.client.send(upstream).await {
-        Ok(r) => r,
-        Err(e) => {
-            return status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", format!("cannot reach the cluster: {e}"))
-        }
-    };
-    if resp.status() == StatusCode::UNAUTHORIZED {
-        // The credential no longer works (an expired token): the session is over.
-        app.sessions.close(&id);
-    }
     let (rparts, rbody) = resp.into_parts();
     let mut out = Response::builder().status(rparts.status);
     for name in PASSED_RESPONSE_HEADERS {
@@ -241,6 +231,25 @@ async fn k8s(State(app): State<Arc<App>>, Path(path): Path<String>, req: Request
     out = out.header("x-accel-buffering", "no");
     out.body(Body::new(rbody.map_err(axum::Error::new)))
         .unwrap_or_else(|e| status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e.to_string()))
+}
+
+/// Send a request to the apiserver as the session's person. A 401 ends the session: the
+/// credential no longer works (an expired token).
+async fn forward(
+    app: &App,
+    id: &str,
+    session: &Session,
+    req: http::Result<http::Request<kube::client::Body>>,
+) -> Result<http::Response<kube::client::Body>, Response> {
+    let req = req.map_err(|e| status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()))?;
+    let resp =
+        session.client.send(req).await.map_err(|e| {
+            status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", format!("cannot reach the cluster: {e}"))
+        })?;
+    if resp.status() == StatusCode::UNAUTHORIZED {
+        app.sessions.close(id);
+    }
+    Ok(resp)
 }
 
 /// `GET /yaml/<path>`: the object as YAML. `PUT /yaml/<path>`: store the edited YAML; a
@@ -269,12 +278,11 @@ async fn yaml_object(State(app): State<Arc<App>>, Path(path): Path<String>, req:
             match yaml::parse(&text) {
                 Ok(v) => (Method::PUT, text, v.to_string().into_bytes()),
                 Err(e) => {
-                    let mut s = json!({
+                    let s = json!({
                         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": format!("the YAML does not parse: {}", e.message), "reason": "BadRequest", "code": 400,
-                        "lines": [{"line": e.line, "message": e.message}],
+                        "message": format!("the YAML does not parse: {}", e.message), "reason": "BadRequest",
+                        "details": {}, "code": 400, "lines": [{"line": e.line, "message": e.message}],
                     });
-                    s["details"] = json!({});
                     return (StatusCode::BAD_REQUEST, axum::Json(s)).into_response();
                 }
             }
@@ -287,15 +295,9 @@ async fn yaml_object(State(app): State<Arc<App>>, Path(path): Path<String>, req:
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::ACCEPT, "application/json")
         .body(kube::client::Body::from(json_body));
-    let req = match req {
+    let resp = match forward(&app, &id, &session, req).await {
         Ok(r) => r,
-        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
-    };
-    let resp = match session.client.send(req).await {
-        Ok(r) => r,
-        Err(e) => {
-            return status(StatusCode::BAD_GATEWAY, "ServiceUnavailable", format!("cannot reach the cluster: {e}"))
-        }
+        Err(r) => return r,
     };
     let code = resp.status();
     let bytes = match resp.into_body().collect().await {
@@ -307,9 +309,6 @@ async fn yaml_object(State(app): State<Arc<App>>, Path(path): Path<String>, req:
         let yaml = yaml::to_yaml(value);
         return (StatusCode::OK, [(header::CONTENT_TYPE, HeaderValue::from_static("text/yaml; charset=utf-8"))], yaml)
             .into_response();
-    }
-    if code == StatusCode::UNAUTHORIZED {
-        app.sessions.close(&id);
     }
     let mut st = if value.get("kind").and_then(Value::as_str) == Some("Status") {
         value

@@ -28,6 +28,14 @@
 //!   revision a broken watch is re-created from.
 //! - Every unary call is bounded by a request timeout; while etcd is unreachable calls fail
 //!   with [`Error::Unavailable`]. The underlying tonic channel redials by itself.
+//! - Several endpoints (the members of one cluster) get a connection each, and requests go
+//!   to one of them, the pinned member, as etcd's own Go client pins an endpoint. A request
+//!   that finds it unreachable, without a leader or not answering moves the pin to the next
+//!   member; one that was never sent (no connection could be made) is retried there at
+//!   once, so a dead member costs one failed dial and not a share of all requests (a
+//!   balancer over all members would go on sending it some). Watches re-created after a
+//!   break follow the pin. Requests carry etcd's require-leader flag, so a member cut off
+//!   from the others says so instead of waiting.
 //!
 //! # Compaction and `compacted_revision`
 //!
@@ -57,7 +65,7 @@
 //! Nothing is written to etcd for this bookkeeping, so compaction never bumps the revision.
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use etcd_client::proto::{PbKeyValue, PbTxnOpResponse};
@@ -108,10 +116,20 @@ pub struct EtcdOptions {
 }
 
 /// TLS settings of the etcd client (PEM contents).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct EtcdTls {
     pub ca: Option<Vec<u8>>,
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Says which parts are set, never their contents: the key must not reach a log.
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca", &self.ca.as_ref().map(|_| "<PEM>"))
+            .field("identity", &self.identity.as_ref().map(|_| "<certificate and key>"))
+            .finish()
+    }
 }
 
 impl Default for EtcdOptions {
@@ -129,15 +147,70 @@ impl Default for EtcdOptions {
 
 /// [`Store`] over etcd v3.
 pub struct EtcdStore {
-    kv: KvClient,
-    watch: WatchClient,
+    members: Arc<Members>,
     opts: EtcdOptions,
     /// Highest compacted revision known (etcd's: the oldest readable revision; 0 = never).
     compacted: Arc<AtomicI64>,
     /// Whether watches with progress ask etcd for it (see the module docs).
     request_progress: bool,
+}
+
+/// One connection per etcd endpoint, and the pinned one requests go to (see the module docs).
+struct Members {
+    members: Vec<Member>,
+    pinned: AtomicUsize,
+}
+
+struct Member {
+    endpoint: String,
+    kv: KvClient,
+    watch: WatchClient,
     // Keeps the client (and its channel) alive for the clones above.
     _client: Client,
+}
+
+impl Members {
+    /// The pinned member and its index.
+    fn pinned(&self) -> (usize, &Member) {
+        let i = self.pinned.load(Ordering::Relaxed) % self.members.len();
+        (i, &self.members[i])
+    }
+
+    /// Member `i` did not serve a request: pin the next one, unless another request already
+    /// moved the pin.
+    fn unreachable(&self, i: usize, why: &str) {
+        let n = self.members.len();
+        if n > 1 && self.pinned.compare_exchange(i, (i + 1) % n, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            tracing::warn!(
+                from = %self.members[i].endpoint,
+                to = %self.members[(i + 1) % n].endpoint,
+                %why,
+                "etcd member did not serve a request; using the next one"
+            );
+        }
+    }
+
+    /// Run `op` on the pinned member under `timeout`, moving the pin (and retrying a request
+    /// that was never sent, once per other member) when the member does not serve it.
+    async fn call<T, F, Fut>(&self, timeout: Duration, what: &str, op: F) -> Result<T, Failure>
+    where
+        F: Fn(&Member) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut tries = 0;
+        loop {
+            let (i, member) = self.pinned();
+            let result = call(timeout, what, op(member)).await;
+            if let Err(Failure::Other(Error::Unavailable(msg))) = &result {
+                self.unreachable(i, msg);
+                tries += 1;
+                if never_sent(msg) && tries < self.members.len() {
+                    continue;
+                }
+            }
+            return result;
+        }
+    }
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -280,6 +353,7 @@ impl EtcdStore {
             return Err(Error::InvalidRequest("no etcd endpoints given".into()));
         }
         let options = ConnectOptions::new()
+            .with_require_leader(true)
             .with_connect_timeout(opts.connect_timeout)
             .with_timeout(opts.request_timeout)
             .with_keep_alive(opts.keep_alive_interval, opts.request_timeout)
@@ -299,15 +373,28 @@ impl EtcdStore {
                 options.with_tls(t)
             }
         };
-        let client = call(opts.request_timeout, "connect", Client::connect(endpoints, Some(options)))
-            .await
-            .map_err(|f| f.into_error("connect"))?;
-        let kv = client.kv_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
-        let watch = client.watch_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
+        // Connections are made lazily: a member that is down now is only dialled when pinned.
+        let mut members = Vec::with_capacity(endpoints.len());
+        for endpoint in endpoints {
+            let client = call(opts.request_timeout, "connect", Client::connect([endpoint], Some(options.clone())))
+                .await
+                .map_err(|f| f.into_error("connect"))?;
+            members.push(Member {
+                endpoint: endpoint.clone(),
+                kv: client.kv_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE),
+                watch: client.watch_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE),
+                _client: client,
+            });
+        }
+        let members = Arc::new(Members { members, pinned: AtomicUsize::new(0) });
         let request_progress = match opts.request_progress {
             Some(r) => r,
             None => {
-                let status = call(opts.request_timeout, "status", client.maintenance_client().status())
+                let status = members
+                    .call(opts.request_timeout, "status", |m| {
+                        let mut maintenance = m._client.maintenance_client();
+                        async move { maintenance.status().await }
+                    })
                     .await
                     .map_err(|f| f.into_error("status"))?;
                 let trusted = progress_requests_trusted(status.version());
@@ -321,8 +408,7 @@ impl EtcdStore {
                 trusted
             }
         };
-        let store =
-            EtcdStore { kv, watch, opts, compacted: Arc::new(AtomicI64::new(0)), request_progress, _client: client };
+        let store = EtcdStore { members, opts, compacted: Arc::new(AtomicI64::new(0)), request_progress };
         // Check that etcd answers, and learn how far it has been compacted.
         let compacted = store.refresh_compacted().await?;
         tracing::info!(?endpoints, compacted, request_progress, "connected to etcd");
@@ -345,7 +431,13 @@ impl EtcdStore {
     /// Count-only read at `revision` of a key nobody uses.
     async fn probe_at(&self, revision: Revision) -> Result<Revision, Failure> {
         let opts = GetOptions::new().with_count_only().with_revision(revision);
-        let resp = call(self.timeout(), "range", self.kv.clone().get(PROBE_KEY, Some(opts))).await?;
+        let resp = self
+            .members
+            .call(self.timeout(), "range", |m| {
+                let (mut kv, opts) = (m.kv.clone(), opts.clone());
+                async move { kv.get(PROBE_KEY, Some(opts)).await }
+            })
+            .await?;
         header_revision(resp.0.header.as_ref(), "range").map_err(Failure::Other)
     }
 
@@ -389,7 +481,7 @@ impl EtcdStore {
             return Err(Error::Compacted { requested: after_revision.saturating_add(1), compacted });
         }
         let mut state = WatchState {
-            client: self.watch.clone(),
+            members: self.members.clone(),
             prefix: prefix.to_string(),
             after: after_revision,
             stream: None,
@@ -455,7 +547,14 @@ impl Store for EtcdStore {
         if range.limit > 0 {
             opts = opts.with_limit(i64::try_from(range.limit).unwrap_or(i64::MAX));
         }
-        let resp = match call(self.timeout(), "range", self.kv.clone().get(key, Some(opts))).await {
+        let resp = match self
+            .members
+            .call(self.timeout(), "range", |m| {
+                let (mut kv, key, opts) = (m.kv.clone(), key.clone(), opts.clone());
+                async move { kv.get(key, Some(opts)).await }
+            })
+            .await
+        {
             Ok(resp) => resp.0,
             Err(f) => return Err(self.read_failure(f, range.revision).await),
         };
@@ -499,7 +598,14 @@ impl Store for EtcdStore {
         let reads: Vec<TxnOp> = txn.compares.iter().map(|(key, _)| TxnOp::get(key.as_str(), None)).collect();
         let request = etcd_client::Txn::new().when(compares).and_then(ops).or_else(reads);
 
-        let resp = match call(self.timeout(), "txn", self.kv.clone().txn(request)).await {
+        let resp = match self
+            .members
+            .call(self.timeout(), "txn", |m| {
+                let (mut kv, request) = (m.kv.clone(), request.clone());
+                async move { kv.txn(request).await }
+            })
+            .await
+        {
             Ok(resp) => resp.0,
             Err(Failure::Other(Error::Unavailable(msg))) => {
                 let outcome = if never_sent(&msg) {
@@ -578,7 +684,14 @@ impl Store for EtcdStore {
         if revision > current {
             return Err(Error::FutureRevision { requested: revision, current });
         }
-        match call(self.timeout(), "compact", self.kv.clone().compact(revision, None)).await {
+        match self
+            .members
+            .call(self.timeout(), "compact", |m| {
+                let mut kv = m.kv.clone();
+                async move { kv.compact(revision, None).await }
+            })
+            .await
+        {
             Ok(_) => {}
             // Already compacted at or beyond `revision` (by another client).
             Err(Failure::Compacted) => {
@@ -604,7 +717,7 @@ impl Store for EtcdStore {
 
 /// The state behind one [`WatchStream`].
 struct WatchState {
-    client: WatchClient,
+    members: Arc<Members>,
     prefix: String,
     /// Every event up to and including this revision has been delivered (or queued).
     after: Revision,
@@ -643,7 +756,13 @@ impl WatchState {
         if self.progress.is_some() {
             opts = opts.with_progress_notify();
         }
-        call(self.timeout, "watch", self.client.clone().watch(key, Some(opts))).await.map_err(|f| f.into_error("watch"))
+        self.members
+            .call(self.timeout, "watch", |m| {
+                let (mut watch, key, opts) = (m.watch.clone(), key.clone(), opts.clone());
+                async move { watch.watch(key, Some(opts)).await }
+            })
+            .await
+            .map_err(|f| f.into_error("watch"))
     }
 
     async fn next_item(&mut self) -> Option<Result<WatchItem>> {
@@ -774,7 +893,17 @@ impl WatchState {
 
 #[cfg(test)]
 mod tests {
-    use super::progress_requests_trusted;
+    use super::{progress_requests_trusted, EtcdTls};
+
+    #[test]
+    fn tls_settings_never_print_the_key() {
+        let tls = EtcdTls { ca: Some(b"CA-PEM".to_vec()), identity: Some((b"CERT".to_vec(), b"SECRET-KEY".to_vec())) };
+        let text = format!("{tls:?}");
+        assert!(
+            !text.contains("SECRET") && !text.contains("67, 65") && text.contains("<certificate and key>"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn progress_requests_are_trusted_from_the_fixed_versions() {

@@ -45,6 +45,10 @@ struct Config {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// `--initial-cluster` and `--initial-cluster-token`: of this member alone, or of the
+    /// cluster [`EtcdServer::start_cluster`] made.
+    initial_cluster: String,
+    cluster_token: String,
 }
 
 impl std::fmt::Debug for EtcdServer {
@@ -114,11 +118,19 @@ impl EtcdServer {
         for _ in 0..3 {
             let dir = unique_dir()?;
             let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("minik8s-etcd").to_string();
-            let mut cfg =
-                Config { binary: binary.clone(), dir, name, client_port: free_port()?, peer_port: free_port()? };
+            let mut cfg = Config {
+                binary: binary.clone(),
+                dir,
+                name: name.clone(),
+                client_port: free_port()?,
+                peer_port: free_port()?,
+                initial_cluster: String::new(),
+                cluster_token: name,
+            };
             while cfg.peer_port == cfg.client_port {
                 cfg.peer_port = free_port()?;
             }
+            cfg.initial_cluster = format!("{}=http://127.0.0.1:{}", cfg.name, cfg.peer_port);
             // Owned from here on, so that a failed attempt removes its directory.
             let mut server = EtcdServer { cfg, child: None };
             match server.cfg.spawn_and_wait() {
@@ -133,6 +145,52 @@ impl EtcdServer {
             }
         }
         Err(last_err.unwrap_or_else(|| other("etcd did not start".into())))
+    }
+
+    /// A cluster of `members` etcd members on loopback (one `--initial-cluster`), each an
+    /// [`EtcdServer`] of its own that may be stopped and restarted; returns once every
+    /// member is healthy (the cluster has a leader). Blocks.
+    pub fn start_cluster(members: usize) -> io::Result<Vec<Self>> {
+        let binary = find_binary()?;
+        let mut ports = std::collections::BTreeSet::new();
+        let mut cfgs = Vec::new();
+        for i in 0..members {
+            let dir = unique_dir()?;
+            let token = format!("minik8s-etcd-cluster-{}", std::process::id());
+            let (mut client_port, mut peer_port) = (free_port()?, free_port()?);
+            while ports.contains(&client_port) || ports.contains(&peer_port) || client_port == peer_port {
+                (client_port, peer_port) = (free_port()?, free_port()?);
+            }
+            ports.extend([client_port, peer_port]);
+            let name = format!("member-{}", i + 1);
+            cfgs.push(Config {
+                binary: binary.clone(),
+                dir,
+                name,
+                client_port,
+                peer_port,
+                initial_cluster: String::new(),
+                cluster_token: token,
+            });
+        }
+        let initial: Vec<String> =
+            cfgs.iter().map(|c| format!("{}=http://127.0.0.1:{}", c.name, c.peer_port)).collect();
+        let mut servers: Vec<EtcdServer> = cfgs
+            .into_iter()
+            .map(|mut cfg| {
+                cfg.initial_cluster = initial.join(",");
+                EtcdServer { cfg, child: None }
+            })
+            .collect();
+        // All at once: no member is healthy before a quorum of them runs.
+        for s in &mut servers {
+            s.child = Some(s.cfg.spawn()?);
+        }
+        for s in &mut servers {
+            let child = s.child.take().ok_or_else(|| other("etcd member not started".into()))?;
+            s.child = Some(s.cfg.wait_healthy(child)?);
+        }
+        Ok(servers)
     }
 
     /// [`EtcdServer::start`] on a blocking thread.
@@ -269,6 +327,11 @@ impl Config {
 
     /// Start etcd and wait until it is healthy; on failure it is killed again.
     fn spawn_and_wait(&self) -> io::Result<Child> {
+        let child = self.spawn()?;
+        self.wait_healthy(child)
+    }
+
+    fn spawn(&self) -> io::Result<Child> {
         let log = File::options().create(true).append(true).open(self.log_path())?;
         let client_url = self.endpoint();
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
@@ -286,11 +349,11 @@ impl Config {
             .arg("--initial-advertise-peer-urls")
             .arg(&peer_url)
             .arg("--initial-cluster")
-            .arg(format!("{}={peer_url}", self.name))
+            .arg(&self.initial_cluster)
             .arg("--initial-cluster-state")
             .arg("new")
             .arg("--initial-cluster-token")
-            .arg(&self.name)
+            .arg(&self.cluster_token)
             .arg("--max-request-bytes")
             .arg(MAX_REQUEST_BYTES.to_string())
             // Quiet watches get progress notifications this often (10 minutes by default):
@@ -310,7 +373,11 @@ impl Config {
             .spawn()
             .map_err(|e| other(format!("cannot run {}: {e}", self.binary.display())))?;
         tracing::debug!(pid = child.id(), endpoint = %client_url, dir = %self.dir.display(), "etcd started");
-        let mut child = child;
+        Ok(child)
+    }
+
+    /// Wait until the started `child` is healthy; on failure it is killed.
+    fn wait_healthy(&self, mut child: Child) -> io::Result<Child> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Some(status) = child.try_wait()? {

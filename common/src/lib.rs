@@ -13,6 +13,7 @@
 //!   port) and the TLS client configuration of the apiserver's calls to kubelets.
 
 pub mod backoff;
+pub mod certbundle;
 pub mod events;
 pub mod exposition;
 pub mod identity;

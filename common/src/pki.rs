@@ -41,6 +41,13 @@ pub const KUBELET_CLIENT_KEY: &str = "apiserver-kubelet-client.key";
 /// made once and kept through renewals, as a new key would void every token issued.
 pub const SA_KEY: &str = "sa.key";
 pub const SA_PUB: &str = "sa.pub";
+/// etcd's own CA (kubeadm's `etcd/ca`): etcd trusts only the clients it signed, so a
+/// certificate of the cluster CA (a kubelet's, a user's) opens no door to the store.
+pub const ETCD_CA_CERT: &str = "etcd-ca.crt";
+pub const ETCD_CA_KEY: &str = "etcd-ca.key";
+/// What every control-plane machine of one cluster shares (kubeadm's `--upload-certs`): the
+/// CAs and the ServiceAccount key; each issues its own leaves from them.
+pub const SHARED_FILES: [&str; 6] = [CA_CERT, CA_KEY, SA_KEY, SA_PUB, ETCD_CA_CERT, ETCD_CA_KEY];
 
 /// The cluster administrator (kubeadm's `kubernetes-admin`).
 pub const ADMIN_USER: &str = "kubernetes-admin";
@@ -64,6 +71,8 @@ pub enum Usage {
     Server(Vec<String>),
     /// TLS client (clientAuth).
     Client,
+    /// Both, valid for these names (an etcd member towards its peers).
+    Peer(Vec<String>),
 }
 
 /// One certificate to issue from the CA.
@@ -239,6 +248,26 @@ pub fn leaves(spec: &Spec) -> Result<Vec<Leaf>, PkiError> {
     Ok(out)
 }
 
+/// The certificates etcd's CA signs: each member's serving and peer certificates (for
+/// loopback and this machine's names) and the clients etcd admits: the apiserver and the
+/// administrator's `etcdctl` (kubeadm's `healthcheck-client`).
+pub fn etcd_leaves(spec: &Spec) -> Vec<Leaf> {
+    let names = host_sans(spec);
+    let leaf = |name: &str, cn: &str, usage: Usage| Leaf {
+        name: name.into(),
+        common_name: cn.into(),
+        organizations: vec![],
+        usage,
+        kubeconfig: false,
+    };
+    vec![
+        leaf("etcd-server", "kube-etcd", Usage::Server(names.clone())),
+        leaf("etcd-peer", "kube-etcd-peer", Usage::Peer(names)),
+        leaf("apiserver-etcd-client", "kube-apiserver-etcd-client", Usage::Client),
+        leaf("etcd-healthcheck-client", "kube-etcd-healthcheck-client", Usage::Client),
+    ]
+}
+
 /// The CA: its certificate and key (PEM).
 #[derive(Clone, Debug)]
 pub struct Ca {
@@ -298,19 +327,28 @@ impl Ca {
         params.not_before = now - BACKDATE;
         params.not_after = now + LEAF_VALIDITY;
         params.serial_number = Some(serial());
-        match &leaf.usage {
+        let names = match &leaf.usage {
             Usage::Server(names) => {
                 params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-                for n in names {
-                    params.subject_alt_names.push(match n.parse::<IpAddr>() {
-                        Ok(ip) => SanType::IpAddress(ip),
-                        Err(_) => SanType::DnsName(
-                            n.as_str().try_into().map_err(|e| PkiError::Spec(format!("invalid SAN {n:?}: {e}")))?,
-                        ),
-                    });
-                }
+                names.as_slice()
             }
-            Usage::Client => params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth],
+            Usage::Peer(names) => {
+                params.extended_key_usages =
+                    vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+                names.as_slice()
+            }
+            Usage::Client => {
+                params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+                &[]
+            }
+        };
+        for n in names {
+            params.subject_alt_names.push(match n.parse::<IpAddr>() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName(
+                    n.as_str().try_into().map_err(|e| PkiError::Spec(format!("invalid SAN {n:?}: {e}")))?,
+                ),
+            });
         }
         let cert = params.signed_by(&key, &issuer)?;
         Ok((cert.pem(), key.serialize_pem()))
@@ -594,9 +632,9 @@ fn usable_ca(ca: &Ca, now: OffsetDateTime) -> Result<(), String> {
     if cert.validity().not_after.timestamp() < (now + RENEW_BEFORE).unix_timestamp() {
         return Err(format!("expires {}", cert.validity().not_after));
     }
-    let key = KeyPair::from_pem(&ca.key_pem).map_err(|e| format!("{CA_KEY}: {e}"))?;
+    let key = KeyPair::from_pem(&ca.key_pem).map_err(|e| format!("its key: {e}"))?;
     if key.public_key_raw() != &cert.public_key().subject_public_key.data[..] {
-        return Err(format!("{CA_KEY} is not the key of {CA_CERT}"));
+        return Err("the key beside it is not its key".into());
     }
     Ok(())
 }
@@ -606,7 +644,7 @@ fn leaf_current(cert_pem: &str, leaf: &Leaf, ca_der: &[u8], now: OffsetDateTime)
     let Some(der) = pem_to_der(cert_pem) else { return false };
     let Ok(info) = inspect(&der) else { return false };
     let sans_match = match &leaf.usage {
-        Usage::Server(names) => {
+        Usage::Server(names) | Usage::Peer(names) => {
             let (mut a, mut b) = (info.sans.clone(), names.clone());
             a.sort();
             b.sort();
@@ -638,43 +676,83 @@ pub fn plan(
     mode: Mode,
     now: OffsetDateTime,
 ) -> Result<BTreeMap<String, String>, PkiError> {
-    let leaves = leaves(spec)?;
     let mut out = BTreeMap::new();
+    let signers =
+        [(CA_CERT, CA_KEY, "kubernetes", leaves(spec)?), (ETCD_CA_CERT, ETCD_CA_KEY, "etcd-ca", etcd_leaves(spec))];
+    for (cert_file, key_file, cn, leaves) in signers {
+        let (ca, fresh) = plan_ca(existing, cert_file, key_file, cn, mode, now, &mut out)?;
+        // A new CA, or a renewal, issues every leaf again.
+        let keep_current = !fresh && mode == Mode::Init;
+        plan_leaves(existing, spec, &ca, keep_current, &leaves, now, &mut out)?;
+    }
     let invalid = |file: &str, reason: String| PkiError::Invalid { file: file.to_string(), reason };
-    let ca = match (existing.get(CA_CERT), existing.get(CA_KEY)) {
+    match (existing.get(SA_KEY), existing.contains_key(SA_PUB)) {
+        (None, _) => {
+            let key = KeyPair::generate()?;
+            out.insert(SA_KEY.to_string(), key.serialize_pem());
+            out.insert(SA_PUB.to_string(), key.public_key_pem());
+        }
+        (Some(pem), false) => {
+            let key = KeyPair::from_pem(pem).map_err(|e| invalid(SA_KEY, format!("not a private key: {e}")))?;
+            out.insert(SA_PUB.to_string(), key.public_key_pem());
+        }
+        (Some(_), true) => {}
+    }
+    Ok(out)
+}
+
+/// The CA kept in `cert_file`/`key_file` if it is usable, else a new one (added to `out`;
+/// then `true`).
+fn plan_ca(
+    existing: &BTreeMap<String, String>,
+    cert_file: &str,
+    key_file: &str,
+    cn: &str,
+    mode: Mode,
+    now: OffsetDateTime,
+    out: &mut BTreeMap<String, String>,
+) -> Result<(Ca, bool), PkiError> {
+    let invalid = |file: &str, reason: String| PkiError::Invalid { file: file.to_string(), reason };
+    match (existing.get(cert_file), existing.get(key_file)) {
         (Some(cert), Some(key)) => {
             let ca = Ca { cert_pem: cert.clone(), key_pem: key.clone() };
             match usable_ca(&ca, now) {
-                Ok(()) => Some(ca),
+                Ok(()) => return Ok((ca, false)),
                 Err(reason) if mode == Mode::Renew => {
-                    return Err(invalid(CA_CERT, format!("{reason}; cannot renew from it (init makes a new CA)")))
+                    return Err(invalid(cert_file, format!("{reason}; cannot renew from it (init makes a new CA)")))
                 }
                 Err(reason) => {
-                    tracing::warn!(%reason, "the existing CA is not usable; making a new one");
-                    None
+                    tracing::warn!(%reason, file = cert_file, "the existing CA is not usable; making a new one")
                 }
             }
         }
         (Some(_), None) => {
-            return Err(invalid(CA_KEY, "missing: the CA certificate exists without its key".into()));
+            return Err(invalid(key_file, "missing: the CA certificate exists without its key".into()));
         }
-        _ if mode == Mode::Renew => return Err(invalid(CA_CERT, "missing: run init first".into())),
-        _ => None,
-    };
-    let ca = match ca {
-        Some(ca) => ca,
-        None => {
-            let ca = Ca::generate(now)?;
-            out.insert(CA_CERT.to_string(), ca.cert_pem.clone());
-            out.insert(CA_KEY.to_string(), ca.key_pem.clone());
-            ca
-        }
-    };
-    let fresh_ca = out.contains_key(CA_CERT);
-    let ca_der = pem_to_der(&ca.cert_pem).ok_or_else(|| invalid(CA_CERT, "not a PEM certificate".into()))?;
-    for leaf in &leaves {
-        let current = !fresh_ca
-            && mode == Mode::Init
+        _ if mode == Mode::Renew => return Err(invalid(cert_file, "missing: run init first".into())),
+        _ => {}
+    }
+    let ca = Ca::generate_named(cn, now)?;
+    out.insert(cert_file.to_string(), ca.cert_pem.clone());
+    out.insert(key_file.to_string(), ca.key_pem.clone());
+    Ok((ca, true))
+}
+
+/// The leaves of `ca` to issue (again): those missing, stale or not of this CA, or every one
+/// unless `keep_current`.
+fn plan_leaves(
+    existing: &BTreeMap<String, String>,
+    spec: &Spec,
+    ca: &Ca,
+    keep_current: bool,
+    leaves: &[Leaf],
+    now: OffsetDateTime,
+    out: &mut BTreeMap<String, String>,
+) -> Result<(), PkiError> {
+    let ca_der = pem_to_der(&ca.cert_pem)
+        .ok_or_else(|| PkiError::Invalid { file: CA_CERT.into(), reason: "not a PEM certificate".into() })?;
+    for leaf in leaves {
+        let current = keep_current
             && if leaf.kubeconfig {
                 existing.get(&leaf.name).and_then(|t| read_kubeconfig(t)).is_some_and(|(server, ca_pem, cert)| {
                     server == spec.server && ca_pem == ca.cert_pem && leaf_current(&cert, leaf, &ca_der, now)
@@ -691,24 +769,13 @@ pub fn plan(
             out.insert(leaf.name.clone(), kubeconfig(&spec.server, &ca.cert_pem, &leaf.common_name, &cert, &key));
         } else {
             // A server sends its chain: the leaf, then the CA.
-            let chain = if matches!(leaf.usage, Usage::Server(_)) { format!("{cert}{}", ca.cert_pem) } else { cert };
+            let serves = matches!(leaf.usage, Usage::Server(_) | Usage::Peer(_));
+            let chain = if serves { format!("{cert}{}", ca.cert_pem) } else { cert };
             out.insert(format!("{}.crt", leaf.name), chain);
             out.insert(format!("{}.key", leaf.name), key);
         }
     }
-    match (existing.get(SA_KEY), existing.contains_key(SA_PUB)) {
-        (None, _) => {
-            let key = KeyPair::generate()?;
-            out.insert(SA_KEY.to_string(), key.serialize_pem());
-            out.insert(SA_PUB.to_string(), key.public_key_pem());
-        }
-        (Some(pem), false) => {
-            let key = KeyPair::from_pem(pem).map_err(|e| invalid(SA_KEY, format!("not a private key: {e}")))?;
-            out.insert(SA_PUB.to_string(), key.public_key_pem());
-        }
-        (Some(_), true) => {}
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// A client identity's kubeconfig issued from the CA: for a user of one's own
@@ -882,6 +949,10 @@ mod tests {
                 APISERVER_KEY,
                 "dashboard-serving.crt",
                 "dashboard-serving.key",
+                "etcd-peer.crt",
+                "etcd-peer.key",
+                "etcd-server.crt",
+                "etcd-server.key",
                 "kubelet-node-3.conf",
                 "module-controller-serving.crt",
                 "module-controller-serving.key"
@@ -923,6 +994,38 @@ mod tests {
         assert!(out.contains_key(CA_CERT) && out.contains_key("admin.conf"));
         let err = plan(&first, &spec(), Mode::Renew, now() + CA_VALIDITY).unwrap_err();
         assert!(err.to_string().contains("cannot renew"), "{err}");
+    }
+
+    #[test]
+    fn etcd_has_a_ca_of_its_own_and_a_joining_control_plane_issues_its_leaves_from_the_shared_cas() {
+        let files = plan(&BTreeMap::new(), &spec(), Mode::Init, now()).unwrap();
+        let (ca, etcd_ca) = (cert_of(&files, CA_CERT), cert_of(&files, ETCD_CA_CERT));
+        assert!(etcd_ca.is_ca && etcd_ca.common_name == "etcd-ca" && etcd_ca.subject != ca.subject);
+        let etcd_der = pem_to_der(&files[ETCD_CA_CERT]).unwrap();
+        let ca_der = pem_to_der(&files[CA_CERT]).unwrap();
+        for name in ["etcd-server.crt", "etcd-peer.crt", "apiserver-etcd-client.crt", "etcd-healthcheck-client.crt"] {
+            let der = pem_to_der(&files[name]).unwrap();
+            assert!(signed_by(&der, &etcd_der) && !signed_by(&der, &ca_der), "{name} is etcd's CA's alone");
+        }
+        // Members serve on loopback and this machine's addresses.
+        let peer = cert_of(&files, "etcd-peer.crt");
+        assert!(peer.sans.contains(&"192.0.2.7".to_string()) && peer.sans.contains(&"127.0.0.1".to_string()));
+        // No leaf of the cluster CA is etcd's client.
+        let admin = read_kubeconfig(&files["admin.conf"]).unwrap().2;
+        assert!(!signed_by(&pem_to_der(&admin).unwrap(), &etcd_der));
+
+        // Another control-plane machine: the shared files only, its own address.
+        let shared: BTreeMap<String, String> =
+            SHARED_FILES.iter().map(|f| (f.to_string(), files[*f].clone())).collect();
+        let mut other = spec();
+        other.sans = vec!["192.0.2.8".into()];
+        other.server = "https://192.0.2.8:6443".into();
+        let out = plan(&shared, &other, Mode::Init, now()).unwrap();
+        assert!(SHARED_FILES.iter().all(|f| !out.contains_key(*f)), "the CAs and the ServiceAccount key are kept");
+        let server = cert_of(&out, APISERVER_CERT);
+        assert!(server.sans.contains(&"192.0.2.8".to_string()) && server.issuer == ca.subject);
+        let peer = cert_of(&out, "etcd-peer.crt");
+        assert!(peer.sans.contains(&"192.0.2.8".to_string()) && peer.issuer == etcd_ca.subject);
     }
 
     #[test]

@@ -47,6 +47,28 @@ pub enum Certs {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Print a new random certificate key (64 hex digits, kubeadm's `--certificate-key`).
+    NewKey,
+    /// Print the certificates every control-plane machine shares (the CAs, the ServiceAccount
+    /// key) sealed with a certificate key, for a Secret a joining machine reads.
+    Seal {
+        /// The PKI directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The certificate key (64 hex digits; `certs new-key` makes one).
+        #[arg(long)]
+        key: String,
+    },
+    /// Write the certificates of a sealed text (read from standard input) into a PKI
+    /// directory, where `init` then issues this machine's leaves from them.
+    Unseal {
+        /// The PKI directory (created 0700).
+        #[arg(long)]
+        dir: PathBuf,
+        /// The certificate key the join command carries.
+        #[arg(long)]
+        key: String,
+    },
     /// Print the CA's public key hash (`sha256:<hex>`, kubeadm's `--discovery-token-ca-cert-hash`),
     /// by which a joining node recognizes the cluster's CA.
     CaHash {
@@ -119,6 +141,29 @@ pub fn run(cmd: Certs) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Certs::NewKey => {
+            println!("{}", common::certbundle::new_key());
+            Ok(())
+        }
+        Certs::Seal { dir, key } => {
+            let files = pki::SHARED_FILES
+                .iter()
+                .map(|name| Ok((name.to_string(), read(&dir, name)?)))
+                .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
+            println!("{}", common::certbundle::seal(&files, &key)?);
+            Ok(())
+        }
+        Certs::Unseal { dir, key } => {
+            let mut sealed = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut sealed).context("reading standard input")?;
+            let files = common::certbundle::open(&sealed, &key)?;
+            make_private_dir(&dir)?;
+            for (name, text) in &files {
+                common::write_private(&dir.join(name), text.as_bytes())?;
+                println!("[certs] wrote {}", dir.join(name).display());
+            }
+            Ok(())
+        }
         Certs::CaHash { dir } => {
             let pem = read(&dir, pki::CA_CERT)?;
             let der = pki::pem_to_der(&pem).context("ca.crt is not a PEM certificate")?;
@@ -133,14 +178,19 @@ fn read(dir: &Path, name: &str) -> anyhow::Result<String> {
     std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
 }
 
-fn apply(dir: &Path, spec: &Spec, mode: Mode, now: time::OffsetDateTime) -> anyhow::Result<()> {
+/// `dir`, created if missing, readable by the owner only.
+fn make_private_dir(dir: &Path) -> anyhow::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
         .with_context(|| format!("creating {}", dir.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .with_context(|| format!("restricting {}", dir.display()))?;
+        .with_context(|| format!("restricting {}", dir.display()))
+}
+
+fn apply(dir: &Path, spec: &Spec, mode: Mode, now: time::OffsetDateTime) -> anyhow::Result<()> {
+    make_private_dir(dir)?;
     let mut existing = BTreeMap::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let entry = entry?;
@@ -198,6 +248,8 @@ mod tests {
             names,
             [
                 "admin.conf",
+                "apiserver-etcd-client.crt",
+                "apiserver-etcd-client.key",
                 "apiserver-kubelet-client.crt",
                 "apiserver-kubelet-client.key",
                 "apiserver.crt",
@@ -208,6 +260,14 @@ mod tests {
                 "controller-manager.conf",
                 "dashboard-serving.crt",
                 "dashboard-serving.key",
+                "etcd-ca.crt",
+                "etcd-ca.key",
+                "etcd-healthcheck-client.crt",
+                "etcd-healthcheck-client.key",
+                "etcd-peer.crt",
+                "etcd-peer.key",
+                "etcd-server.crt",
+                "etcd-server.key",
                 "kube-proxy.conf",
                 "kube-state-metrics.conf",
                 "kubelet-n1.conf",

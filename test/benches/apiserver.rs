@@ -18,27 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use e2e::bench::{env_or, percentile, seconds};
 use e2e::ApiServer;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 use storage::Store;
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn seconds() -> Duration {
-    Duration::from_secs_f64(env_or("BENCH_SECONDS", 3.0))
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
 
 fn pod(name: &str, t: Option<u128>) -> Pod {
     let mut annotations = serde_json::Map::new();

@@ -84,3 +84,21 @@ pub async fn percentiles(times: &Shared, n: usize, what: &str) -> Result<(f64, f
     let at = |q: f64| ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1];
     Ok((at(0.50), at(0.99)))
 }
+
+/// A benchmark knob from the environment (`BENCH_SECONDS=5`), else `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// How long each rate figure runs: `BENCH_SECONDS` (default 3).
+pub fn seconds() -> Duration {
+    Duration::from_secs_f64(env_or("BENCH_SECONDS", 3.0))
+}
+
+/// The `p` quantile (0..=1) of sorted values; 0 for none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}

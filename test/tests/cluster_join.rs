@@ -10,7 +10,11 @@
 //! with the official kubectl; without credentials, or with a wrong token, it gets
 //! Kubernetes' 401 `Status`; the health endpoints stay open; a wrong CA hash is refused
 //! before the token is sent, a wrong, malformed or expired token with a clear message.
-//! `down` on both leaves no process, container, bridge or Service rule behind.
+//! `leave` on the node (which says the administrator must delete its Node, as a node may not)
+//! and `down` on the server leave no process, container, bridge or Service rule behind.
+//!
+//! A second test builds a stacked highly available control plane the same way, with
+//! `join --control-plane` (see its doc).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -321,8 +325,18 @@ fn server_and_joined_node_with_token_authentication() {
         assert!(Instant::now() < deadline, "the server's kubeproxy wrote no Service rules");
         std::thread::sleep(Duration::from_millis(500));
     }
+    // The node leaves: it may not delete its own Node (as in Kubernetes), says so, and stops
+    // everything; the administrator deletes the Node.
+    let (ok, out) = cluster(&agent_home, port, &["leave"]);
+    assert!(
+        ok && out.contains(&format!("could not delete node {joined}: delete it from a control-plane machine"))
+            && out.contains("left the cluster"),
+        "leave on a joined node:\n{out}"
+    );
+    let (ok, out) = kubectl(&[&kc_arg, "delete", "node", &joined]);
+    assert!(ok, "{out}");
     drop(agent_down);
-    assert!(!agent_home.exists(), "down --purge removes the joined node's state");
+    assert!(!agent_home.exists(), "leave removes the joined node's state");
     for (name, pid) in &agent_pids {
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{name} (pid {pid}) still runs after down");
     }
@@ -350,4 +364,216 @@ fn server_and_joined_node_with_token_authentication() {
     let gone = [&empty_arg, "--server", &server, "--insecure-skip-tls-verify", "--token", "x"];
     let (ok, out) = kubectl(&[&gone[..], &["get", "nodes", "--request-timeout=2s"][..]].concat());
     assert!(!ok && out.contains("refused"), "the apiserver is gone after down: {out}");
+}
+
+/// The etcd members a state directory's cluster lists: (name, is learner).
+fn etcd_members(home: &Path, port: u16) -> Vec<(String, bool)> {
+    let (ok, out) = cluster(home, port, &["etcdctl", "member", "list", "-w", "json"]);
+    assert!(ok, "etcdctl member list:\n{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let mut members: Vec<(String, bool)> = v["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| (m["name"].as_str().unwrap_or_default().to_string(), m["isLearner"].as_bool().unwrap_or(false)))
+        .collect();
+    members.sort();
+    members
+}
+
+/// Retries `f` until it returns `Some`, for up to `secs` seconds.
+fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => panic!("{what} not within {secs}s: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}
+
+/// A stacked highly available control plane across "machines" (state directories of this
+/// host on its non-loopback address), as kubeadm builds one: `up --role server --etcd`
+/// prints a control-plane join command whose certificate key opens the cluster's CAs (sealed
+/// in a Secret only bootstrap tokens may read); two machines join with it, each adding an
+/// etcd member (TLS, etcd's own CA; a learner until promoted), an apiserver, a scheduler, a
+/// controller-manager and a node. The first machine then dies (every process SIGKILLed): the
+/// other two keep the API, its data, and leader election (a pod is scheduled and run);
+/// back up, it rejoins as it was. `leave` on the third removes its etcd member, its node and
+/// its apiserver endpoint. A wrong certificate key, or one without --control-plane, is
+/// refused with a message that says why.
+#[test]
+fn control_plane_machines_join_survive_the_loss_of_one_and_leave() {
+    let _host = host_cluster_lock();
+    let tmp = tempfile::tempdir().unwrap();
+    let homes: Vec<PathBuf> = ["cp-1", "cp-2", "cp-3", "bad"].iter().map(|n| tmp.path().join(n)).collect();
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    // Declared first so they are dropped last, the first machine after the others.
+    let _down: Vec<Down> = homes.iter().zip(&ports).map(|(h, p)| Down(h.clone(), *p)).collect();
+    let first_node = hostname();
+
+    let (ok, out) = cluster(&homes[0], ports[0], &["up", "--role", "server", "--etcd"]);
+    assert!(ok, "up --role server --etcd failed:\n{out}");
+    let join_line = out
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("scripts/cluster join ") && l.contains("--control-plane"))
+        .unwrap_or_else(|| panic!("no control-plane join command printed:\n{out}"))
+        .to_string();
+    let words: Vec<&str> = join_line.split_whitespace().skip(1).collect();
+    let key_at = words.iter().position(|w| *w == "--certificate-key").expect("--certificate-key") + 1;
+    assert!(words[key_at].len() == 64 && words[key_at].chars().all(|c| c.is_ascii_hexdigit()), "{join_line}");
+    // The apiserver's log names no key of its etcd client certificate.
+    let log = std::fs::read_to_string(homes[0].join("logs/apiserver.log")).unwrap();
+    assert!(log.contains("opening storage") && !log.contains("45, 45, 45, 45, 45"), "a PEM in the apiserver's log");
+    // etcd speaks TLS only to clients with a certificate of its CA.
+    let endpoint = std::fs::read_to_string(homes[0].join("etcd-endpoints")).unwrap();
+    let url = endpoint.trim().split(',').next().unwrap().to_string();
+    assert!(url.starts_with("https://"), "{endpoint}");
+    let ca = homes[0].join("pki/etcd-ca.crt");
+    let plain = sh(&format!("curl -sS -m 5 --cacert {} {url}/health 2>&1", ca.display()));
+    assert!(!plain.contains("\"health\":\"true\""), "etcd answered a client without a certificate: {plain}");
+    let admin = homes[0].join("pki/admin.pem");
+    let cluster_ca_client =
+        sh(&format!("curl -sS -m 5 --cacert {} --cert {} {url}/health 2>&1", ca.display(), admin.display()));
+    assert!(
+        !cluster_ca_client.contains("\"health\":\"true\""),
+        "etcd admitted the cluster CA's admin: {cluster_ca_client}"
+    );
+
+    // Bad input, from a fourth state directory: nothing is joined.
+    let mut wrong_key = words.clone();
+    let other_key = "0".repeat(64);
+    wrong_key[key_at] = &other_key;
+    let (ok, out) = cluster(&homes[3], ports[3], &[&wrong_key[..], &["--node-name", "bad"]].concat());
+    assert!(!ok && out.contains("the control-plane certificates do not open"), "a wrong certificate key:\n{out}");
+    let no_flag: Vec<&str> = words.iter().copied().filter(|w| *w != "--control-plane").collect();
+    let (ok, out) = cluster(&homes[3], ports[3], &no_flag);
+    assert!(!ok && out.contains("--certificate-key goes with --control-plane"), "a key without the flag:\n{out}");
+    assert_eq!(etcd_members(&homes[0], ports[0]), [(first_node.clone(), false)]);
+
+    for i in [1, 2] {
+        let name = format!("cp-{}", i + 1);
+        let (ok, out) = cluster(&homes[i], ports[i], &[&words[..], &["--node-name", &name, "--no-kubeproxy"]].concat());
+        assert!(ok, "join --control-plane as {name} failed:\n{out}");
+    }
+    let mut want = vec![(first_node.clone(), false), ("cp-2".to_string(), false), ("cp-3".to_string(), false)];
+    want.sort();
+    assert_eq!(etcd_members(&homes[1], ports[1]), want, "three voting members");
+    let kc = |i: usize| format!("--kubeconfig={}", homes[i].join("kubeconfig").display());
+    // Every apiserver is an endpoint of the kubernetes Service.
+    eventually(30, "three apiserver endpoints", || {
+        let (_, out) =
+            kubectl(&[&kc(2), "get", "endpoints", "kubernetes", "-o", "jsonpath={.subsets[*].ports[*].port}"]);
+        let mut got: Vec<u16> = out.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+        got.sort();
+        let mut want = ports[..3].to_vec();
+        want.sort();
+        if got == want {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+    let (ok, out) = kubectl(&[&kc(0), "get", "nodes", "-o", "name"]);
+    assert!(ok && out.contains("node/cp-2") && out.contains("node/cp-3"), "{out}");
+    let (ok, out) = kubectl(&[&kc(0), "create", "configmap", "before", "--from-literal=k=v"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&[&kc(2), "get", "configmap", "before", "-o", "jsonpath={.data.k}"]);
+    assert!(ok && out == "v", "written through the first, read through the third: {out}");
+
+    // The first machine dies: every process of it, SIGKILLed at once.
+    let sup = std::fs::read_to_string(homes[0].join("supervisor/supervisor.lock")).unwrap_or_default();
+    let mut victims: Vec<String> = e2e::cluster::component_pids(&homes[0]).iter().map(|(_, p)| p.to_string()).collect();
+    assert!(victims.len() > 8 && !sup.trim().is_empty(), "the first machine's processes: {victims:?}, {sup:?}");
+    victims.push(sup.trim().to_string());
+    sh(&format!("kill -9 {}", victims.join(" ")));
+    let started = Instant::now();
+    eventually(60, "a write through the second apiserver", || {
+        let (ok, out) =
+            kubectl(&[&kc(1), "create", "configmap", "after", "--from-literal=k=w", "--request-timeout=5s"]);
+        if ok || out.contains("AlreadyExists") {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+    eprintln!("writes served again {:?} after the first machine died", started.elapsed());
+    let (ok, out) = kubectl(&[&kc(2), "get", "configmap", "before", "after", "-o", "name"]);
+    assert!(ok && out.contains("configmap/before") && out.contains("configmap/after"), "{out}");
+    // The surviving schedulers and controller-managers take over: a Deployment's pod runs.
+    let (ok, out) =
+        kubectl(&[&kc(1), "create", "deployment", "survivor", "--image=busybox:latest", "--", "sleep", "3600"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&[
+        &kc(1),
+        "patch",
+        "deployment",
+        "survivor",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"nodeSelector":{"kubernetes.io/hostname":"cp-2"},"terminationGracePeriodSeconds":1}}}}"#,
+    ]);
+    assert!(ok, "{out}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, out) = kubectl(&[
+            &kc(2),
+            "get",
+            "pods",
+            "-l",
+            "app=survivor",
+            "-o",
+            "jsonpath={range .items[*]}{.status.phase} {.spec.nodeName}{\"\\n\"}{end}",
+        ]);
+        if out.lines().any(|l| l == "Running cp-2") {
+            break;
+        }
+        if Instant::now() > deadline {
+            let (_, objects) = kubectl(&[&kc(2), "get", "deploy,rs,pods,leases", "-A", "-o", "wide"]);
+            let (_, events) = kubectl(&[&kc(2), "get", "events", "--sort-by=.lastTimestamp"]);
+            let logs: String = [1, 2]
+                .iter()
+                .flat_map(|&i| ["controller-manager", "scheduler"].map(move |c| (i, c)))
+                .map(|(i, c)| {
+                    let log = std::fs::read_to_string(homes[i].join(format!("logs/{c}.log"))).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                    format!("--- cp-{} {c}:\n{}\n", i + 1, tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+                })
+                .collect();
+            panic!("the Deployment's pod not Running on cp-2 within 120s: {out}\n{objects}\n{events}\n{logs}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // The first machine comes back as it was (its supervisor starts the same components).
+    let (ok, out) = cluster(&homes[0], ports[0], &["up", "--role", "server", "--etcd"]);
+    assert!(ok, "the first machine's up after its crash:\n{out}");
+    let (ok, out) = kubectl(&[&kc(0), "get", "configmap", "after", "-o", "jsonpath={.data.k}"]);
+    assert!(ok && out == "w", "the write made while it was down, read through it: {out}");
+    let (ok, out) = cluster(&homes[0], ports[0], &["etcdctl", "endpoint", "health", "--cluster"]);
+    assert!(ok && out.matches("is healthy").count() == 3, "{out}");
+
+    // The third machine leaves.
+    let third = e2e::cluster::component_pids(&homes[2]);
+    let (ok, out) = cluster(&homes[2], ports[2], &["leave"]);
+    assert!(ok && out.contains("removed etcd member cp-3") && out.contains("deleted node cp-3"), "leave:\n{out}");
+    assert!(!homes[2].exists(), "leave removes the state directory");
+    for (name, pid) in &third {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{name} (pid {pid}) still runs after leave");
+    }
+    let mut want = vec![(first_node.clone(), false), ("cp-2".to_string(), false)];
+    want.sort();
+    assert_eq!(etcd_members(&homes[0], ports[0]), want);
+    let (ok, out) = kubectl(&[&kc(0), "get", "nodes", "-o", "name"]);
+    assert!(ok && !out.contains("cp-3"), "node cp-3 deleted: {out}");
+    let (_, out) = kubectl(&[&kc(0), "get", "endpoints", "kubernetes", "-o", "jsonpath={.subsets[*].ports[*].port}"]);
+    assert!(!out.split_whitespace().any(|p| p == ports[2].to_string()), "the third apiserver's endpoint stays: {out}");
+    // The last but one may leave; the last one may not (that would end the cluster).
+    let (ok, out) = cluster(&homes[1], ports[1], &["leave"]);
+    assert!(ok, "leave of cp-2:\n{out}");
+    let (ok, out) = cluster(&homes[0], ports[0], &["leave"]);
+    assert!(!ok && out.contains("the cluster's only etcd member"), "the last member's leave:\n{out}");
+    let (ok, out) = kubectl(&[&kc(0), "get", "configmap", "before", "-o", "name"]);
+    assert!(ok, "the cluster goes on with one member: {out}");
 }

@@ -304,14 +304,21 @@ fn cluster_up_etcd_runs_a_deployment_stored_in_etcd() {
     let etcd_row = e2e::cluster::status_row(&out, "etcd").unwrap_or_default();
     assert!(ok && etcd_row.starts_with("running") && out.contains("ready nodes: node-1"), "status:\n{out}");
     let etcd_pid = e2e::cluster::component_pid(&home, "etcd").expect("etcd's pid");
-    // The apiserver opened the etcd backend; its endpoint is in the log.
+    // The apiserver opened the etcd backend, over TLS; its endpoint is in the log.
     let log = cluster(&home, port, &["logs", "apiserver"]).1;
     let endpoint = log
         .lines()
         .find(|l| l.contains("opening storage") && l.contains("Etcd"))
-        .and_then(|l| l.split('"').find(|w| w.starts_with("http://")))
-        .unwrap_or_else(|| panic!("the apiserver did not open etcd:\n{log}"))
+        .and_then(|l| l.split('"').find(|w| w.starts_with("https://")))
+        .unwrap_or_else(|| panic!("the apiserver did not open etcd over TLS:\n{log}"))
         .to_string();
+    // Without a client certificate of etcd's CA, etcdctl is turned away.
+    let anonymous = Command::new("etcdctl")
+        .args(["--endpoints", &endpoint, "--insecure-skip-tls-verify", "--command-timeout=3s", "get", "/registry/x"])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .unwrap_or_else(|e| panic!("etcdctl (Debian's etcd-client, installed by scripts/test) is required: {e}"));
+    assert!(!anonymous.status.success(), "etcd answered a client without a certificate");
 
     let kc = home.join("kubeconfig");
     let deployment = repo().join("examples/deployment.yaml");
@@ -344,12 +351,8 @@ fn cluster_up_etcd_runs_a_deployment_stored_in_etcd() {
     assert!(ok, "rollout status:\n{out}");
 
     // The objects live in that etcd.
-    let keys = Command::new("etcdctl")
-        .args(["--endpoints", &endpoint, "get", "--prefix", "--keys-only", "/registry/"])
-        .env("ETCDCTL_API", "3")
-        .output()
-        .unwrap_or_else(|e| panic!("etcdctl (Debian's etcd-client, installed by scripts/test) is required: {e}"));
-    let keys = String::from_utf8_lossy(&keys.stdout);
+    let (ok, keys) = cluster(&home, port, &["etcdctl", "get", "--prefix", "--keys-only", "/registry/"]);
+    assert!(ok, "scripts/cluster etcdctl:\n{keys}");
     assert!(keys.lines().any(|k| k == "/registry/deployments/default/web"), "deployment in etcd:\n{keys}");
     assert_eq!(
         keys.lines().filter(|k| k.starts_with("/registry/pods/default/web-")).count(),

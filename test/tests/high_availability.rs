@@ -355,28 +355,23 @@ mod chaos {
         }
     }
 
-    /// The etcd member that leads now (`etcd-1` …), from `etcdctl endpoint status`.
-    fn etcd_leader(home: &Path) -> Result<String> {
-        for i in 1..=3 {
-            let spec: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(home.join(format!("supervisor/etcd-{i}.json")))?)?;
-            let argv: Vec<&str> = spec["argv"].as_array().into_iter().flatten().filter_map(|a| a.as_str()).collect();
-            let url = argv
-                .windows(2)
-                .find(|w| w[0] == "--listen-client-urls")
-                .map(|w| w[1].to_string())
-                .context("etcd's --listen-client-urls")?;
-            let out = std::process::Command::new("etcdctl")
-                .env("ETCDCTL_API", "3")
-                .args(["--endpoints", &url, "endpoint", "status", "-w", "json"])
-                .output()?;
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            let status = &v[0]["Status"];
+    /// The etcd member that leads now (`etcd-1` …), from `etcdctl endpoint status --cluster`
+    /// (as `scripts/cluster etcdctl` runs it, with etcd's client certificate).
+    fn etcd_leader(home: &Path, port: u16) -> Result<String> {
+        let endpoints = std::fs::read_to_string(home.join("etcd-endpoints"))?;
+        let (ok, out) = e2e::cluster::script(home, port, &["etcdctl", "endpoint", "status", "--cluster", "-w", "json"]);
+        ensure!(ok, "etcdctl endpoint status: {out}");
+        let v: serde_json::Value = serde_json::from_str(&out).with_context(|| format!("etcdctl said {out}"))?;
+        for s in v.as_array().into_iter().flatten() {
+            let status = &s["Status"];
             if status["leader"].as_u64().is_some() && status["leader"] == status["header"]["member_id"] {
-                return Ok(format!("etcd-{i}"));
+                let url = s["Endpoint"].as_str().unwrap_or_default();
+                if let Some(i) = endpoints.trim().split(',').position(|e| e == url) {
+                    return Ok(format!("etcd-{}", i + 1));
+                }
             }
         }
-        bail!("no etcd member says it leads")
+        bail!("no etcd member says it leads: {out}")
     }
 
     #[derive(Default)]
@@ -531,7 +526,7 @@ mod chaos {
             let victim = match step {
                 0 => "apiserver".to_string(),
                 1 => "apiserver-2".to_string(),
-                2 => etcd_leader(&home)?,
+                2 => etcd_leader(&home, port)?,
                 3 => leader(&client, &home, "kube-scheduler", ["scheduler", "scheduler-2"]).await?,
                 4 => {
                     leader(&client, &home, "kube-controller-manager", ["controller-manager", "controller-manager-2"])

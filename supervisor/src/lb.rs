@@ -8,10 +8,16 @@
 //! backend each [`CHECK_INTERVAL`] and marks it up or down. Connections to an apiserver that
 //! dies break with it; clients (kube's watchers, the kubelet) reconnect and land on a live
 //! one. kubeadm's way is the same with nginx's `stream` module or HAProxy in front.
+//!
+//! With `--discover-kubeconfig` (a joined node's own kubeconfig, which names this balancer)
+//! the backends follow the `kubernetes` Service's endpoints, which list every live apiserver:
+//! a node joined through one control-plane machine goes on through the others when that
+//! one dies, as k3s' agents do.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -30,34 +36,95 @@ pub struct LbArgs {
     /// An apiserver (`host:port`); repeat for each.
     #[arg(long = "backend", required = true)]
     pub backends: Vec<SocketAddr>,
+    /// A kubeconfig (naming this balancer) with which to follow the `kubernetes` Service's
+    /// endpoints: the backends become the apiservers it lists. Read again at every round,
+    /// so it may appear later (a joining kubelet writes it once it has its certificate).
+    #[arg(long)]
+    pub discover_kubeconfig: Option<PathBuf>,
+    /// How often the endpoints are read.
+    #[arg(long, default_value = "10s", value_parser = common::leader::parse_duration)]
+    pub discover_interval: Duration,
 }
 
-/// The backends and what the proxy knows of them.
+/// The backends and what the proxy knows of them: (address, up).
 pub struct Backends {
-    addrs: Vec<SocketAddr>,
-    up: Vec<AtomicBool>,
+    state: Mutex<Vec<(SocketAddr, bool)>>,
     next: AtomicUsize,
 }
 
 impl Backends {
     pub fn new(addrs: Vec<SocketAddr>) -> Backends {
-        let up = addrs.iter().map(|_| AtomicBool::new(true)).collect();
-        Backends { addrs, up, next: AtomicUsize::new(0) }
+        Backends { state: Mutex::new(addrs.into_iter().map(|a| (a, true)).collect()), next: AtomicUsize::new(0) }
     }
 
-    fn health(&self) -> Vec<bool> {
-        self.up.iter().map(|u| u.load(Ordering::Relaxed)).collect()
+    fn snapshot(&self) -> Vec<(SocketAddr, bool)> {
+        self.state.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    /// Mark backend `i`; logs a change.
-    fn mark(&self, i: usize, up: bool) {
-        if self.up[i].swap(up, Ordering::Relaxed) != up {
-            if up {
-                tracing::info!(backend = %self.addrs[i], "apiserver is up");
-            } else {
-                tracing::warn!(backend = %self.addrs[i], "apiserver is down");
+    /// Mark `addr` (if still a backend); logs a change.
+    fn mark(&self, addr: SocketAddr, up: bool) {
+        let Ok(mut state) = self.state.lock() else { return };
+        if let Some(entry) = state.iter_mut().find(|(a, _)| *a == addr) {
+            if entry.1 != up {
+                entry.1 = up;
+                if up {
+                    tracing::info!(backend = %addr, "apiserver is up");
+                } else {
+                    tracing::warn!(backend = %addr, "apiserver is down");
+                }
             }
         }
+    }
+
+    /// Balance over `addrs` from now on (what is known of those kept stays); none: no change.
+    fn replace(&self, addrs: Vec<SocketAddr>) {
+        let Ok(mut state) = self.state.lock() else { return };
+        let current: Vec<SocketAddr> = state.iter().map(|(a, _)| *a).collect();
+        if addrs.is_empty() || addrs == current {
+            return;
+        }
+        tracing::info!(from = ?current, to = ?addrs, "the apiservers changed");
+        *state =
+            addrs.into_iter().map(|a| (a, state.iter().find(|(b, _)| *b == a).is_none_or(|(_, up)| *up))).collect();
+    }
+}
+
+/// The apiservers the `kubernetes` Endpoints list: every address with every port, sorted.
+pub fn apiservers(endpoints: &k8s_openapi::api::core::v1::Endpoints) -> Vec<SocketAddr> {
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for subset in endpoints.subsets.iter().flatten() {
+        for address in subset.addresses.iter().flatten() {
+            let Ok(ip) = address.ip.parse::<std::net::IpAddr>() else { continue };
+            for port in subset.ports.iter().flatten() {
+                if let Ok(port) = u16::try_from(port.port) {
+                    out.push(SocketAddr::new(ip, port));
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Follow the `kubernetes` endpoints with the kubeconfig at `path`, every `interval`.
+async fn discover(backends: Arc<Backends>, path: PathBuf, interval: Duration) {
+    use k8s_openapi::api::core::v1::Endpoints;
+    loop {
+        if path.exists() {
+            let listed = async {
+                let client = common::client(Some(&path), None).await?;
+                let api: kube::Api<Endpoints> = kube::Api::namespaced(client, "default");
+                // (A list: node identities may list endpoints, as kube-proxy does, not get them.)
+                let list = api.list(&kube::api::ListParams::default().fields("metadata.name=kubernetes")).await?;
+                anyhow::Ok(list.items.first().map(apiservers).unwrap_or_default())
+            };
+            match listed.await {
+                Ok(addrs) => backends.replace(addrs),
+                Err(e) => tracing::warn!(error = %e, "reading the kubernetes endpoints failed; keeping the apiservers"),
+            }
+        }
+        tokio::time::sleep(interval).await;
     }
 }
 
@@ -82,16 +149,19 @@ async fn dial(addr: SocketAddr) -> std::io::Result<TcpStream> {
 /// The first backend that takes the connection, in [`attempt_order`].
 async fn connect(backends: &Backends) -> Option<TcpStream> {
     let turn = backends.next.fetch_add(1, Ordering::Relaxed);
-    for i in attempt_order(&backends.health(), turn) {
-        match dial(backends.addrs[i]).await {
+    let snapshot = backends.snapshot();
+    let health: Vec<bool> = snapshot.iter().map(|(_, up)| *up).collect();
+    for i in attempt_order(&health, turn) {
+        let addr = snapshot[i].0;
+        match dial(addr).await {
             Ok(s) => {
-                backends.mark(i, true);
+                backends.mark(addr, true);
                 let _ = s.set_nodelay(true);
                 return Some(s);
             }
             Err(e) => {
-                tracing::debug!(backend = %backends.addrs[i], error = %e, "dial failed");
-                backends.mark(i, false);
+                tracing::debug!(backend = %addr, error = %e, "dial failed");
+                backends.mark(addr, false);
             }
         }
     }
@@ -100,8 +170,8 @@ async fn connect(backends: &Backends) -> Option<TcpStream> {
 
 async fn check(backends: Arc<Backends>) {
     loop {
-        for (i, addr) in backends.addrs.iter().enumerate() {
-            backends.mark(i, dial(*addr).await.is_ok());
+        for (addr, _) in backends.snapshot() {
+            backends.mark(addr, dial(addr).await.is_ok());
         }
         tokio::time::sleep(CHECK_INTERVAL).await;
     }
@@ -110,8 +180,11 @@ async fn check(backends: Arc<Backends>) {
 pub async fn run(args: LbArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let backends = Arc::new(Backends::new(args.backends));
-    tracing::info!(listen = %args.listen, backends = ?backends.addrs, "balancing apiserver connections");
+    tracing::info!(listen = %args.listen, backends = ?backends.snapshot(), "balancing apiserver connections");
     tokio::spawn(check(backends.clone()));
+    if let Some(path) = args.discover_kubeconfig {
+        tokio::spawn(discover(backends.clone(), path, args.discover_interval));
+    }
     loop {
         let (mut client, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -166,6 +239,30 @@ mod tests {
         out
     }
 
+    #[test]
+    fn the_kubernetes_endpoints_name_the_apiservers_and_a_new_list_keeps_what_is_known() {
+        let ep: k8s_openapi::api::core::v1::Endpoints = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "kubernetes"},
+            "subsets": [
+                {"addresses": [{"ip": "192.0.2.9"}, {"ip": "192.0.2.8"}], "ports": [{"name": "https", "port": 6443}]},
+                {"addresses": [{"ip": "192.0.2.8"}], "ports": [{"name": "https", "port": 7443}]},
+                {"addresses": [{"ip": "not-an-ip"}], "ports": [{"port": 1}]}
+            ]
+        }))
+        .unwrap();
+        let want: Vec<SocketAddr> =
+            ["192.0.2.8:6443", "192.0.2.8:7443", "192.0.2.9:6443"].iter().map(|a| a.parse().unwrap()).collect();
+        assert_eq!(apiservers(&ep), want);
+        assert!(apiservers(&Default::default()).is_empty());
+
+        let b = Backends::new(want[..2].to_vec());
+        b.mark(want[0], false);
+        b.replace(vec![want[0], want[2]]);
+        assert_eq!(b.snapshot(), [(want[0], false), (want[2], true)], "known down stays down; new ones start up");
+        b.replace(vec![]);
+        assert_eq!(b.snapshot().len(), 2, "an empty list changes nothing");
+    }
+
     #[tokio::test]
     async fn connections_go_round_and_skip_a_dead_backend() {
         let (a, _ta) = named("a").await;
@@ -173,7 +270,12 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let listen = l.local_addr().unwrap();
         drop(l);
-        tokio::spawn(run(LbArgs { listen, backends: vec![a, b] }));
+        tokio::spawn(run(LbArgs {
+            listen,
+            backends: vec![a, b],
+            discover_kubeconfig: None,
+            discover_interval: Duration::from_secs(10),
+        }));
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut seen = vec![ask(listen).await, ask(listen).await];
         seen.sort();

@@ -407,8 +407,8 @@ fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Result<T, String>
 fn control_plane_machines_join_survive_the_loss_of_one_and_leave() {
     let _host = host_cluster_lock();
     let tmp = tempfile::tempdir().unwrap();
-    let homes: Vec<PathBuf> = ["cp-1", "cp-2", "cp-3", "bad"].iter().map(|n| tmp.path().join(n)).collect();
-    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let homes: Vec<PathBuf> = ["cp-1", "cp-2", "cp-3", "bad", "worker"].iter().map(|n| tmp.path().join(n)).collect();
+    let ports: Vec<u16> = (0..5).map(|_| free_port()).collect();
     // Declared first so they are dropped last, the first machine after the others.
     let _down: Vec<Down> = homes.iter().zip(&ports).map(|(h, p)| Down(h.clone(), *p)).collect();
     let first_node = hostname();
@@ -461,6 +461,12 @@ fn control_plane_machines_join_survive_the_loss_of_one_and_leave() {
     let mut want = vec![(first_node.clone(), false), ("cp-2".to_string(), false), ("cp-3".to_string(), false)];
     want.sort();
     assert_eq!(etcd_members(&homes[1], ports[1]), want, "three voting members");
+    // A worker node joins through the first machine, with the plain join command.
+    let worker_join: Vec<&str> = words[..key_at - 2].to_vec();
+    assert!(!worker_join.contains(&"--control-plane"), "{worker_join:?}");
+    let (ok, out) =
+        cluster(&homes[4], ports[4], &[&worker_join[..], &["--node-name", "worker", "--no-kubeproxy"]].concat());
+    assert!(ok, "join of a worker failed:\n{out}");
     let kc = |i: usize| format!("--kubeconfig={}", homes[i].join("kubeconfig").display());
     // Every apiserver is an endpoint of the kubernetes Service.
     eventually(30, "three apiserver endpoints", || {
@@ -545,6 +551,17 @@ fn control_plane_machines_join_survive_the_loss_of_one_and_leave() {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+
+    // The worker, joined through the first machine, stays Ready through the others (its
+    // balancer follows the kubernetes endpoints); the first machine's node does not.
+    while started.elapsed() < Duration::from_secs(50) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let ready = |node: &str| {
+        kubectl(&[&kc(1), "get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"]).1
+    };
+    assert_eq!(ready("worker"), "True", "the worker 50 s after its server died");
+    assert_ne!(ready(&first_node), "True", "the dead machine's node");
 
     // The first machine comes back as it was (its supervisor starts the same components).
     let (ok, out) = cluster(&homes[0], ports[0], &["up", "--role", "server", "--etcd"]);

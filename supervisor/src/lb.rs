@@ -12,7 +12,10 @@
 //! With `--discover-kubeconfig` (a joined node's own kubeconfig, which names this balancer)
 //! the backends follow the `kubernetes` Service's endpoints, which list every live apiserver:
 //! a node joined through one control-plane machine goes on through the others when that
-//! one dies, as k3s' agents do.
+//! one dies, as k3s' agents do. The endpoints are read from the apiservers directly (not
+//! through the balancer, whose backends may all be dead), every second until the first
+//! answer and every `--discover-interval` after; with `--discover-state` what was learnt is
+//! kept in a file, so a restarted balancer starts from it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,6 +47,10 @@ pub struct LbArgs {
     /// How often the endpoints are read.
     #[arg(long, default_value = "10s", value_parser = common::leader::parse_duration)]
     pub discover_interval: Duration,
+    /// Where the apiservers learnt are kept (one `host:port` a line): read at start, written
+    /// after every change.
+    #[arg(long)]
+    pub discover_state: Option<PathBuf>,
 }
 
 /// The backends and what the proxy knows of them: (address, up).
@@ -77,15 +84,17 @@ impl Backends {
     }
 
     /// Balance over `addrs` from now on (what is known of those kept stays); none: no change.
-    fn replace(&self, addrs: Vec<SocketAddr>) {
-        let Ok(mut state) = self.state.lock() else { return };
+    /// Whether anything changed.
+    fn replace(&self, addrs: Vec<SocketAddr>) -> bool {
+        let Ok(mut state) = self.state.lock() else { return false };
         let current: Vec<SocketAddr> = state.iter().map(|(a, _)| *a).collect();
         if addrs.is_empty() || addrs == current {
-            return;
+            return false;
         }
         tracing::info!(from = ?current, to = ?addrs, "the apiservers changed");
         *state =
             addrs.into_iter().map(|a| (a, state.iter().find(|(b, _)| *b == a).is_none_or(|(_, up)| *up))).collect();
+        true
     }
 }
 
@@ -107,25 +116,56 @@ pub fn apiservers(endpoints: &k8s_openapi::api::core::v1::Endpoints) -> Vec<Sock
     out
 }
 
-/// Follow the `kubernetes` endpoints with the kubeconfig at `path`, every `interval`.
-async fn discover(backends: Arc<Backends>, path: PathBuf, interval: Duration) {
+/// The apiservers the `kubernetes` endpoints list, asked of the apiserver at `addr` directly
+/// with the kubeconfig at `path` (its credentials and CA; the apiservers' certificates name
+/// their addresses).
+async fn list_apiservers(path: &std::path::Path, addr: SocketAddr) -> anyhow::Result<Vec<SocketAddr>> {
     use k8s_openapi::api::core::v1::Endpoints;
+    let mut config = common::config(Some(path), None).await?;
+    config.cluster_url = format!("https://{addr}").parse()?;
+    config.connect_timeout = Some(DIAL_TIMEOUT);
+    config.read_timeout = Some(Duration::from_secs(5));
+    let api: kube::Api<Endpoints> = kube::Api::namespaced(kube::Client::try_from(config)?, "default");
+    // (A list: node identities may list endpoints, as kube-proxy does, not get them.)
+    let list = api.list(&kube::api::ListParams::default().fields("metadata.name=kubernetes")).await?;
+    Ok(list.items.first().map(apiservers).unwrap_or_default())
+}
+
+/// Follow the `kubernetes` endpoints with the kubeconfig at `path` (see the module docs).
+async fn discover(backends: Arc<Backends>, path: PathBuf, interval: Duration, state: Option<PathBuf>) {
+    let mut learnt = false;
     loop {
         if path.exists() {
-            let listed = async {
-                let client = common::client(Some(&path), None).await?;
-                let api: kube::Api<Endpoints> = kube::Api::namespaced(client, "default");
-                // (A list: node identities may list endpoints, as kube-proxy does, not get them.)
-                let list = api.list(&kube::api::ListParams::default().fields("metadata.name=kubernetes")).await?;
-                anyhow::Ok(list.items.first().map(apiservers).unwrap_or_default())
-            };
-            match listed.await {
-                Ok(addrs) => backends.replace(addrs),
-                Err(e) => tracing::warn!(error = %e, "reading the kubernetes endpoints failed; keeping the apiservers"),
+            let snapshot = backends.snapshot();
+            let health: Vec<bool> = snapshot.iter().map(|(_, up)| *up).collect();
+            for i in attempt_order(&health, 0) {
+                match list_apiservers(&path, snapshot[i].0).await {
+                    Ok(addrs) if !addrs.is_empty() => {
+                        learnt = true;
+                        if backends.replace(addrs.clone()) {
+                            if let Some(file) = &state {
+                                let text: String = addrs.iter().map(|a| format!("{a}\n")).collect();
+                                if let Err(e) = common::write_private(file, text.as_bytes()) {
+                                    tracing::warn!(error = %e, file = %file.display(), "keeping the apiservers failed");
+                                }
+                            }
+                        }
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(backend = %snapshot[i].0, error = %e, "reading the kubernetes endpoints failed")
+                    }
+                }
             }
         }
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(if learnt { interval } else { Duration::from_secs(1) }).await;
     }
+}
+
+/// The apiservers a `--discover-state` file lists (none when it is missing or unreadable).
+fn read_state(file: &std::path::Path) -> Vec<SocketAddr> {
+    std::fs::read_to_string(file).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
 /// The order in which to try the backends for a connection: healthy ones first, round robin
@@ -179,11 +219,19 @@ async fn check(backends: Arc<Backends>) {
 
 pub async fn run(args: LbArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-    let backends = Arc::new(Backends::new(args.backends));
+    let mut addrs = args.backends;
+    if let Some(file) = &args.discover_state {
+        for a in read_state(file) {
+            if !addrs.contains(&a) {
+                addrs.push(a);
+            }
+        }
+    }
+    let backends = Arc::new(Backends::new(addrs));
     tracing::info!(listen = %args.listen, backends = ?backends.snapshot(), "balancing apiserver connections");
     tokio::spawn(check(backends.clone()));
     if let Some(path) = args.discover_kubeconfig {
-        tokio::spawn(discover(backends.clone(), path, args.discover_interval));
+        tokio::spawn(discover(backends.clone(), path, args.discover_interval, args.discover_state));
     }
     loop {
         let (mut client, peer) = match listener.accept().await {
@@ -257,10 +305,17 @@ mod tests {
 
         let b = Backends::new(want[..2].to_vec());
         b.mark(want[0], false);
-        b.replace(vec![want[0], want[2]]);
+        assert!(b.replace(vec![want[0], want[2]]));
         assert_eq!(b.snapshot(), [(want[0], false), (want[2], true)], "known down stays down; new ones start up");
-        b.replace(vec![]);
+        assert!(!b.replace(vec![want[0], want[2]]), "no change");
+        assert!(!b.replace(vec![]));
         assert_eq!(b.snapshot().len(), 2, "an empty list changes nothing");
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("apiservers");
+        assert!(read_state(&file).is_empty());
+        std::fs::write(&file, "192.0.2.8:6443\ngarbage\n192.0.2.9:6443\n").unwrap();
+        assert_eq!(read_state(&file), [want[0], want[2]]);
     }
 
     #[tokio::test]
@@ -275,6 +330,7 @@ mod tests {
             backends: vec![a, b],
             discover_kubeconfig: None,
             discover_interval: Duration::from_secs(10),
+            discover_state: None,
         }));
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut seen = vec![ask(listen).await, ask(listen).await];

@@ -466,7 +466,17 @@ fn control_plane_machines_join_survive_the_loss_of_one_and_leave() {
     assert!(!worker_join.contains(&"--control-plane"), "{worker_join:?}");
     let (ok, out) =
         cluster(&homes[4], ports[4], &[&worker_join[..], &["--node-name", "worker", "--no-kubeproxy"]].concat());
-    assert!(ok, "join of a worker failed:\n{out}");
+    assert!(ok && out.contains("==> the node reaches the apiservers at"), "join of a worker failed:\n{out}");
+    // Its balancer has learnt every apiserver (from the kubernetes endpoints).
+    eventually(30, "the worker's balancer knowing the three apiservers", || {
+        let known = std::fs::read_to_string(homes[4].join("apiservers")).unwrap_or_default();
+        let n = ports[..3].iter().filter(|p| known.lines().any(|l| l.ends_with(&format!(":{p}")))).count();
+        if n == 3 {
+            Ok(())
+        } else {
+            Err(known)
+        }
+    });
     let kc = |i: usize| format!("--kubeconfig={}", homes[i].join("kubeconfig").display());
     // Every apiserver is an endpoint of the kubernetes Service.
     eventually(30, "three apiserver endpoints", || {

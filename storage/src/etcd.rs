@@ -165,8 +165,9 @@ struct Member {
     endpoint: String,
     kv: KvClient,
     watch: WatchClient,
-    // Keeps the client (and its channel) alive for the clones above.
-    _client: Client,
+    /// The member's client: its channel, which the clones above share, and the maintenance
+    /// API (`status` at connect).
+    client: Client,
 }
 
 impl Members {
@@ -383,7 +384,7 @@ impl EtcdStore {
                 endpoint: endpoint.clone(),
                 kv: client.kv_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE),
                 watch: client.watch_client().max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE),
-                _client: client,
+                client,
             });
         }
         let members = Arc::new(Members { members, pinned: AtomicUsize::new(0) });
@@ -392,7 +393,7 @@ impl EtcdStore {
             None => {
                 let status = members
                     .call(opts.request_timeout, "status", |m| {
-                        let mut maintenance = m._client.maintenance_client();
+                        let mut maintenance = m.client.maintenance_client();
                         async move { maintenance.status().await }
                     })
                     .await

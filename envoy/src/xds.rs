@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -102,16 +102,46 @@ pub struct Ads {
     node: Node,
     pub resources: Resources,
     types: [TypeState; 4],
+    /// When CDS and LDS were first both accepted: the start of the wait for the endpoints and
+    /// route configurations they name.
+    warming_since: Option<Instant>,
 }
+
+/// How long readiness waits for the endpoints and route configurations the clusters and
+/// listeners name (Envoy's `initial_fetch_timeout`, 15 s by default): a control plane that
+/// never sends one does not keep the pod unready for ever.
+pub const INITIAL_FETCH_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl Ads {
     pub fn new(node: Node) -> Ads {
-        Ads { node, resources: Resources::default(), types: Default::default() }
+        Ads { node, resources: Resources::default(), types: Default::default(), warming_since: None }
     }
 
-    /// Whether CDS and LDS have each been accepted once: the sidecar can carry traffic.
-    pub fn ready(&self) -> bool {
-        self.types[Type::Cds.index()].acked && self.types[Type::Lds.index()].acked
+    /// Whether the sidecar can carry traffic, as Envoy's initialization decides it: CDS and
+    /// LDS accepted, and every cluster's endpoints (EDS) and every listener's route
+    /// configuration (RDS) received — or [`INITIAL_FETCH_TIMEOUT`] passed since CDS and LDS
+    /// were. A listener whose routes have not arrived answers 404 (no route), so a pod marked
+    /// ready before that fails its first requests.
+    pub fn ready(&self, now: Instant) -> bool {
+        let Some(since) = self.warming_since else { return false };
+        self.warm() || now.duration_since(since) >= INITIAL_FETCH_TIMEOUT
+    }
+
+    /// When [`Ads::ready`] turns true by itself if nothing arrives before: the end of the
+    /// initial fetch timeout while warming.
+    pub fn ready_deadline(&self) -> Option<Instant> {
+        match self.warming_since {
+            Some(since) if !self.warm() => Some(since + INITIAL_FETCH_TIMEOUT),
+            _ => None,
+        }
+    }
+
+    /// Every subscribed EDS and RDS name has arrived.
+    fn warm(&self) -> bool {
+        let eds = &self.types[Type::Eds.index()].names;
+        let rds = &self.types[Type::Rds.index()].names;
+        eds.iter().all(|n| self.resources.endpoints.contains_key(n))
+            && rds.iter().all(|n| self.resources.routes.contains_key(n))
     }
 
     fn request(&self, t: Type) -> DiscoveryRequest {
@@ -178,6 +208,9 @@ impl Ads {
             }
             Type::Lds => requests.extend(self.subscribe(Type::Rds, config::rds_names(&self.resources.listeners))),
             Type::Eds | Type::Rds => {}
+        }
+        if self.warming_since.is_none() && self.types[Type::Cds.index()].acked && self.types[Type::Lds.index()].acked {
+            self.warming_since = Some(Instant::now());
         }
         Outcome { requests, snapshot: Some(snapshot), rejected: None }
     }
@@ -283,7 +316,25 @@ async fn session(address: &str, ads: &mut Ads, shared: &Shared) -> anyhow::Resul
         client.stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
     tracing::info!(%address, "xDS stream open");
     let mut got = false;
-    while let Some(resp) = stream.message().await? {
+    loop {
+        // While warming, wake at the initial fetch timeout even if nothing arrives.
+        let next = match ads.ready_deadline() {
+            Some(deadline) if !shared.ready.load(Ordering::SeqCst) => {
+                match tokio::time::timeout_at(deadline.into(), stream.message()).await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        tracing::warn!(
+                            timeout = ?INITIAL_FETCH_TIMEOUT,
+                            "endpoints or route configurations named by the clusters and listeners did not arrive; ready without them"
+                        );
+                        shared.ready.store(true, Ordering::SeqCst);
+                        continue;
+                    }
+                }
+            }
+            _ => stream.message().await?,
+        };
+        let Some(resp) = next else { break };
         got = true;
         let t = Type::from_url(&resp.type_url);
         let version = resp.version_info.clone();
@@ -305,7 +356,7 @@ async fn session(address: &str, ads: &mut Ads, shared: &Shared) -> anyhow::Resul
         if let Some(s) = out.snapshot {
             shared.snapshot.store(Arc::new(s));
         }
-        if ads.ready() {
+        if ads.ready(Instant::now()) {
             shared.ready.store(true, Ordering::SeqCst);
         }
         for r in out.requests {
@@ -348,7 +399,7 @@ mod tests {
         assert_eq!(out.requests[0].response_nonce, "a");
         assert!(out.requests[0].error_detail.is_none());
         assert_eq!(out.requests[1].resource_names, ["outbound|80||a"]);
-        assert!(!ads.ready());
+        assert!(!ads.ready(Instant::now()));
 
         let out = ads.handle(
             resp(Type::Eds, "1", "b", vec![any(&cla("outbound|80||a", &[("10.0.0.1", 80, HealthStatus::Healthy)]))]),
@@ -361,7 +412,16 @@ mod tests {
             ads.handle(resp(Type::Lds, "1", "c", vec![any(&http_listener("0.0.0.0_80", "0.0.0.0", 80, "80"))]), None);
         assert_eq!(types(&out.requests), ["lds", "rds"]);
         assert_eq!(out.requests[1].resource_names, ["80"]);
-        assert!(ads.ready());
+        // The listener's routes have not arrived: not ready (it would answer 404), until
+        // they do or the initial fetch timeout passes.
+        let now = Instant::now();
+        assert!(!ads.ready(now));
+        assert!(ads.ready(now + INITIAL_FETCH_TIMEOUT));
+        assert!(ads.ready_deadline().is_some());
+        let out = ads.handle(resp(Type::Rds, "1", "d", vec![any(&route_config("80", vec![]))]), None);
+        assert_eq!(types(&out.requests), ["rds"]);
+        assert!(ads.ready(now));
+        assert_eq!(ads.ready_deadline(), None);
 
         // A reconnect asks again for everything it has, with the versions in force.
         let open = ads.open();

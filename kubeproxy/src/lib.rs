@@ -1,5 +1,5 @@
 //! MiniK8s' node proxy as a library: the pure rule computation ([`model`], [`iptables`],
-//! [`nftables`], [`ipvs`], [`dns`], [`ingress`]), the load balancer health checks
+//! [`nftables`], [`ipvs`], [`dns`], [`ingress`], [`netpol`]'s policies), the load balancer health checks
 //! ([`healthcheck`]) and the thin shells that apply them ([`backend`], [`nft_netlink`]'s send,
 //! [`proxier`], [`sysctl`]). The `kubeproxy` binary wires them to flags; the
 //! benchmark (`examples/kubeproxy_bench.rs`) drives them directly.
@@ -15,6 +15,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod ipvs_netlink;
 pub mod model;
+pub mod netpol;
 pub mod nft_netlink;
 pub mod nftables;
 pub mod programmed;

@@ -2,7 +2,7 @@
 //! (iptables, nftables or IPVS mode) from Services and EndpointSlices, and optionally
 //! serves cluster DNS and runs an nginx Ingress controller.
 
-use kubeproxy::{backend, dns, dnsservice, healthcheck, ingress, iptables, model, proxier, sysctl};
+use kubeproxy::{backend, dns, dnsservice, healthcheck, ingress, iptables, model, netpol, proxier, sysctl};
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -90,6 +90,10 @@ struct Args {
     /// (default for the last: the Node's InternalIP).
     #[arg(long)]
     node_ip: Option<Ipv4Addr>,
+    /// Enforce the cluster's NetworkPolicies on the pod traffic this node forwards (an
+    /// nftables table of its own, `ip minik8s-netpol`; needs `nft`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    network_policy: bool,
     /// Log level filter (RUST_LOG overrides).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -164,6 +168,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         if which("nft").is_ok() {
             if let Err(e) = backend::Nftables::cleanup() {
                 failed.push(format!("nftables: {e:#}"));
+            }
+            if let Err(e) = netpol::cleanup() {
+                failed.push(format!("network policies: {e:#}"));
             }
         }
         if !failed.is_empty() {
@@ -305,6 +312,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
         });
     }
 
+    if args.network_policy {
+        match which("nft") {
+            Ok(()) => {
+                let (client, metrics) = (client.clone(), netpol::Metrics::new(&registry)?);
+                tokio::spawn(async move {
+                    if let Err(e) = netpol::run(client, metrics).await {
+                        tracing::error!(error = %format!("{e:#}"), "NetworkPolicy enforcement stopped");
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "NetworkPolicies are not enforced on this node"),
+        }
+    }
+
     proxier::run(
         client,
         backend,
@@ -395,5 +416,7 @@ mod tests {
         assert_eq!((default_mode(true), default_mode(false)), ("nftables", "iptables"));
         assert_eq!(a.nodeport_addresses.len(), 2);
         assert!(Args::try_parse_from(["kubeproxy", "--proxy-mode", "userspace"]).is_err());
+        assert!(Args::try_parse_from(["kubeproxy"]).unwrap().network_policy);
+        assert!(!Args::try_parse_from(["kubeproxy", "--network-policy=false"]).unwrap().network_policy);
     }
 }

@@ -600,11 +600,13 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
         ),
         role("system:node", node_rules()),
         // MiniK8s' kubeproxy also serves the cluster DNS and the Ingresses (what CoreDNS's and
-        // an ingress controller's roles grant), and publishes the DNS Service and its slices.
+        // an ingress controller's roles grant), publishes the DNS Service and its slices, and
+        // enforces NetworkPolicies (what a network policy agent's role grants).
         role(
             "system:minik8s:kubeproxy",
             vec![
-                rule(&["list", "watch"], &[NETWORKING], &["ingresses", "ingressclasses"]),
+                rule(&["list", "watch"], &[NETWORKING], &["ingresses", "ingressclasses", "networkpolicies"]),
+                rule(&["list", "watch"], &[CORE], &["pods", "namespaces"]),
                 rule(&["update", "patch"], &[NETWORKING], &["ingresses/status"]),
                 rule(&["get", "create"], &[CORE], &["services"]),
                 rule(&["get", "create", "patch", "update", "delete"], &[DISCOVERY], &["endpointslices"]),

@@ -23,8 +23,9 @@
 //! share a chain, named after its content), and the maps from an isolated pod's IP to its
 //! chains.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
+use std::rc::Rc;
 
 use apimachinery::labels::Selector;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -178,7 +179,7 @@ enum Peer {
     /// Every source or destination.
     Any,
     /// The pods a selector pair selects: a set's name, and the pods.
-    Pods(String, Vec<usize>),
+    Pods(String, Rc<Vec<usize>>),
     /// A CIDR less its exceptions.
     Block(Cidr, Vec<Cidr>),
 }
@@ -191,25 +192,42 @@ enum Port {
     Named(Proto, String),
 }
 
+/// One rule of a policy with its peers resolved: every peer × every port is allowed.
+type Rule = (Vec<Rc<Peer>>, Vec<Port>);
+
 struct Compiled<'a> {
-    policy: &'a NetworkPolicy,
-    key: String,
     namespace: &'a str,
     selector: Selector,
-    ingress: bool,
-    egress: bool,
+    /// The ingress rules, when the policy isolates for ingress.
+    ingress: Option<Vec<Rule>>,
+    /// The egress rules, when it isolates for egress.
+    egress: Option<Vec<Rule>>,
 }
 
 /// Compute the filter. Pods and namespaces are everything the node's caches hold; the
-/// policies too.
+/// policies too. Each policy's peers are resolved once (a peer selector shared by several
+/// policies once for all), then each pod gets the rules of the policies selecting it.
 pub fn compute(
     policies: &[&NetworkPolicy],
     pods: &[PodInfo],
     namespaces: &BTreeMap<String, BTreeMap<String, String>>,
 ) -> (Desired, Vec<Problem>) {
-    let mut problems = Vec::new();
+    let mut by_namespace: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, pod) in pods.iter().enumerate() {
+        by_namespace.entry(pod.namespace.as_str()).or_default().push(i);
+    }
+    let mut b = Builder {
+        pods,
+        namespaces,
+        by_namespace,
+        peers: HashMap::new(),
+        desired: Desired::default(),
+        problems: Vec::new(),
+    };
+    let mut sorted: Vec<&NetworkPolicy> = policies.to_vec();
+    sorted.sort_by(|a, b| (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name)));
     let mut compiled: Vec<Compiled> = Vec::new();
-    for p in policies {
+    for p in sorted {
         let namespace = p.metadata.namespace.as_deref().unwrap_or("default");
         let key = format!("{namespace}/{}", p.metadata.name.as_deref().unwrap_or(""));
         let Some(spec) = p.spec.as_ref() else { continue };
@@ -218,7 +236,7 @@ pub fn compute(
             match spec.pod_selector.as_ref().map_or(Ok(Selector::everything()), Selector::from_label_selector) {
                 Ok(s) => s,
                 Err(e) => {
-                    problems.push(Problem { policy: key, message: format!("spec.podSelector: {e}") });
+                    b.problems.push(Problem { policy: key, message: format!("spec.podSelector: {e}") });
                     continue;
                 }
             };
@@ -226,36 +244,56 @@ pub fn compute(
             Some(types) => (types.iter().any(|t| t == "Ingress"), types.iter().any(|t| t == "Egress")),
             None => (true, spec.egress.as_ref().is_some_and(|e| !e.is_empty())),
         };
-        compiled.push(Compiled { policy: p, key, namespace, selector, ingress, egress });
+        let ingress = ingress.then(|| {
+            let raw = spec.ingress.iter().flatten().enumerate();
+            let raw: Vec<RawRule> =
+                raw.map(|(i, r)| (r.from.as_ref(), r.ports.as_ref(), format!("spec.ingress[{i}]"))).collect();
+            b.resolve(&key, namespace, Direction::Ingress, raw)
+        });
+        let egress = egress.then(|| {
+            let raw = spec.egress.iter().flatten().enumerate();
+            let raw: Vec<RawRule> =
+                raw.map(|(i, r)| (r.to.as_ref(), r.ports.as_ref(), format!("spec.egress[{i}]"))).collect();
+            b.resolve(&key, namespace, Direction::Egress, raw)
+        });
+        compiled.push(Compiled { namespace, selector, ingress, egress });
     }
-    compiled.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut in_namespace: BTreeMap<&str, Vec<&Compiled>> = BTreeMap::new();
+    for c in &compiled {
+        in_namespace.entry(c.namespace).or_default().push(c);
+    }
 
-    let mut b = Builder { pods, namespaces, desired: Desired::default(), problems };
     for (i, pod) in pods.iter().enumerate() {
-        let selecting: Vec<&Compiled> =
-            compiled.iter().filter(|c| c.namespace == pod.namespace && c.selector.matches(&pod.labels)).collect();
+        let Some(candidates) = in_namespace.get(pod.namespace.as_str()) else { continue };
+        let selecting: Vec<&&Compiled> = candidates.iter().filter(|c| c.selector.matches(&pod.labels)).collect();
         for dir in [Direction::Ingress, Direction::Egress] {
-            let applying: Vec<&&Compiled> = selecting
+            let applying: Vec<&Vec<Rule>> = selecting
                 .iter()
-                .filter(|c| match dir {
-                    Direction::Ingress => c.ingress,
-                    Direction::Egress => c.egress,
+                .filter_map(|c| match dir {
+                    Direction::Ingress => c.ingress.as_ref(),
+                    Direction::Egress => c.egress.as_ref(),
                 })
                 .collect();
             if applying.is_empty() {
                 continue;
             }
             let mut rules: Vec<String> = Vec::new();
-            for c in applying {
-                for rule in b.rules(c, dir, i) {
-                    if !rules.contains(&rule) {
-                        rules.push(rule);
+            for policy_rules in applying {
+                for (peers, ports) in policy_rules {
+                    for peer in peers {
+                        for port in ports {
+                            if let Some(rule) = b.rule(dir, peer, port, i) {
+                                if !rules.contains(&rule) {
+                                    rules.push(rule);
+                                }
+                            }
+                        }
                     }
                 }
             }
             rules.push("drop".to_string());
             let chain = format!("{}{}", dir.prefix(), short_hash(&rules.join("\n")));
-            b.desired.chains.insert(chain.clone(), rules);
+            b.desired.chains.entry(chain.clone()).or_insert(rules);
             match dir {
                 Direction::Ingress => b.desired.ingress.insert(pod.ip, chain),
                 Direction::Egress => b.desired.egress.insert(pod.ip, chain),
@@ -271,39 +309,25 @@ type RawRule<'a> = (Option<&'a Vec<NetworkPolicyPeer>>, Option<&'a Vec<NetworkPo
 struct Builder<'a> {
     pods: &'a [PodInfo],
     namespaces: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// Pod indexes by namespace.
+    by_namespace: BTreeMap<&'a str, Vec<usize>>,
+    /// Peer selectors resolved so far, by set name.
+    peers: HashMap<String, Rc<Peer>>,
     desired: Desired,
     problems: Vec<Problem>,
 }
 
 impl Builder<'_> {
-    /// The nftables rules (without the final drop) that `c`'s rules in direction `dir` give
-    /// the pod `pod`.
-    fn rules(&mut self, c: &Compiled, dir: Direction, pod: usize) -> Vec<String> {
-        let Some(spec) = c.policy.spec.as_ref() else { return Vec::new() };
-        let raw: Vec<RawRule> = match dir {
-            Direction::Ingress => spec
-                .ingress
-                .iter()
-                .flatten()
-                .enumerate()
-                .map(|(i, r)| (r.from.as_ref(), r.ports.as_ref(), format!("spec.ingress[{i}]")))
-                .collect(),
-            Direction::Egress => spec
-                .egress
-                .iter()
-                .flatten()
-                .enumerate()
-                .map(|(i, r)| (r.to.as_ref(), r.ports.as_ref(), format!("spec.egress[{i}]")))
-                .collect(),
-        };
+    /// A policy's rules in one direction with their peers and ports resolved.
+    fn resolve(&mut self, key: &str, namespace: &str, dir: Direction, raw: Vec<RawRule>) -> Vec<Rule> {
         let mut out = Vec::new();
         for (peers, ports, path) in raw {
-            let peers: Vec<Peer> = match peers.filter(|p| !p.is_empty()) {
-                None => vec![Peer::Any],
+            let peers: Vec<Rc<Peer>> = match peers.filter(|p| !p.is_empty()) {
+                None => vec![Rc::new(Peer::Any)],
                 Some(list) => list
                     .iter()
                     .enumerate()
-                    .filter_map(|(j, p)| self.peer(c, p, &format!("{path}.{}[{j}]", from_or_to(dir))))
+                    .filter_map(|(j, p)| self.peer(key, namespace, p, &format!("{path}.{}[{j}]", from_or_to(dir))))
                     .collect(),
             };
             let ports: Vec<Port> = match ports.filter(|p| !p.is_empty()) {
@@ -311,90 +335,90 @@ impl Builder<'_> {
                 Some(list) => list
                     .iter()
                     .enumerate()
-                    .filter_map(|(j, p)| self.port(c, p, &format!("{path}.ports[{j}]")))
+                    .filter_map(|(j, p)| self.port(key, p, &format!("{path}.ports[{j}]")))
                     .collect(),
             };
-            for peer in &peers {
-                for port in &ports {
-                    if let Some(rule) = self.rule(dir, peer, port, pod) {
-                        out.push(rule);
-                    }
-                }
-            }
+            out.push((peers, ports));
         }
         out
     }
 
-    fn problem(&mut self, c: &Compiled, message: String) {
-        self.problems.push(Problem { policy: c.key.clone(), message });
+    fn problem(&mut self, key: &str, message: String) {
+        self.problems.push(Problem { policy: key.to_string(), message });
     }
 
-    fn peer(&mut self, c: &Compiled, p: &NetworkPolicyPeer, path: &str) -> Option<Peer> {
+    fn peer(&mut self, key: &str, namespace: &str, p: &NetworkPolicyPeer, path: &str) -> Option<Rc<Peer>> {
         if let Some(block) = &p.ip_block {
-            return self.block(c, block, path);
+            return self.block(key, block, path).map(Rc::new);
         }
         let pod_sel = match p.pod_selector.as_ref().map(Selector::from_label_selector).transpose() {
             Ok(s) => s,
             Err(e) => {
-                self.problem(c, format!("{path}.podSelector: {e}"));
+                self.problem(key, format!("{path}.podSelector: {e}"));
                 return None;
             }
         };
         let ns_sel = match p.namespace_selector.as_ref().map(Selector::from_label_selector).transpose() {
             Ok(s) => s,
             Err(e) => {
-                self.problem(c, format!("{path}.namespaceSelector: {e}"));
+                self.problem(key, format!("{path}.namespaceSelector: {e}"));
                 return None;
             }
         };
         if pod_sel.is_none() && ns_sel.is_none() {
-            self.problem(c, format!("{path}: must specify a peer"));
+            self.problem(key, format!("{path}: must specify a peer"));
             return None;
         }
-        let no_labels = BTreeMap::new();
-        let selected: Vec<usize> = self
-            .pods
-            .iter()
-            .enumerate()
-            .filter(|(_, pod)| match &ns_sel {
-                None => pod.namespace == c.namespace,
-                Some(s) => s.matches(self.namespaces.get(&pod.namespace).unwrap_or(&no_labels)),
-            })
-            .filter(|(_, pod)| pod_sel.as_ref().is_none_or(|s| s.matches(&pod.labels)))
-            .map(|(i, _)| i)
-            .collect();
         // The set is named after what selects, so policies with the same peer share it.
         let scope = match &ns_sel {
-            None => format!("namespace={}", c.namespace),
+            None => format!("namespace={namespace}"),
             Some(s) => format!("namespaces={s}"),
         };
-        let pods = pod_sel.map(|s| s.to_string()).unwrap_or_else(|| "*".into());
-        let name = format!("peer-{}", short_hash(&format!("{scope}|pods={pods}")));
+        let shown = pod_sel.as_ref().map(|s| s.to_string()).unwrap_or_else(|| "*".into());
+        let name = format!("peer-{}", short_hash(&format!("{scope}|pods={shown}")));
+        if let Some(found) = self.peers.get(&name) {
+            return Some(found.clone());
+        }
+        let no_labels = BTreeMap::new();
+        let mut selected: Vec<usize> = Vec::new();
+        for (ns, members) in &self.by_namespace {
+            let in_scope = match &ns_sel {
+                None => *ns == namespace,
+                Some(s) => s.matches(self.namespaces.get(*ns).unwrap_or(&no_labels)),
+            };
+            if in_scope {
+                selected.extend(
+                    members.iter().filter(|i| pod_sel.as_ref().is_none_or(|s| s.matches(&self.pods[**i].labels))),
+                );
+            }
+        }
         self.desired.peers.insert(name.clone(), selected.iter().map(|i| self.pods[*i].ip).collect());
-        Some(Peer::Pods(name, selected))
+        let peer = Rc::new(Peer::Pods(name.clone(), Rc::new(selected)));
+        self.peers.insert(name, peer.clone());
+        Some(peer)
     }
 
-    fn block(&mut self, c: &Compiled, block: &IPBlock, path: &str) -> Option<Peer> {
+    fn block(&mut self, key: &str, block: &IPBlock, path: &str) -> Option<Peer> {
         if block.cidr.contains(':') {
             return None; // IPv6: this cluster's pods have IPv4 addresses only.
         }
         let Some(cidr) = Cidr::parse(&block.cidr) else {
-            self.problem(c, format!("{path}.ipBlock.cidr: {:?} is not a CIDR", block.cidr));
+            self.problem(key, format!("{path}.ipBlock.cidr: {:?} is not a CIDR", block.cidr));
             return None;
         };
         let mut except = Vec::new();
         for e in block.except.iter().flatten().filter(|e| !e.contains(':')) {
             match Cidr::parse(e) {
                 Some(x) => except.push(x),
-                None => self.problem(c, format!("{path}.ipBlock.except: {e:?} is not a CIDR")),
+                None => self.problem(key, format!("{path}.ipBlock.except: {e:?} is not a CIDR")),
             }
         }
         Some(Peer::Block(cidr, except))
     }
 
-    fn port(&mut self, c: &Compiled, p: &NetworkPolicyPort, path: &str) -> Option<Port> {
+    fn port(&mut self, key: &str, p: &NetworkPolicyPort, path: &str) -> Option<Port> {
         let Some(proto) = Proto::parse(p.protocol.as_deref()) else {
-            self.problem(c, format!("{path}.protocol: unsupported {:?}", p.protocol));
+            self.problem(key, format!("{path}.protocol: unsupported {:?}", p.protocol));
             return None;
         };
         match &p.port {
@@ -402,7 +426,7 @@ impl Builder<'_> {
             Some(IntOrString::String(name)) => Some(Port::Named(proto, name.clone())),
             Some(IntOrString::Int(n)) => {
                 let Ok(from) = u16::try_from(*n) else {
-                    self.problem(c, format!("{path}.port: {n} is out of range"));
+                    self.problem(key, format!("{path}.port: {n} is out of range"));
                     return None;
                 };
                 let to = match p.end_port {
@@ -414,31 +438,32 @@ impl Builder<'_> {
         }
     }
 
-    /// One rule; `None` when the combination matches nothing (a named port this pod or
-    /// these peers do not have).
+    /// One rule; `None` when the combination matches nothing (a named port this pod does
+    /// not have).
     fn rule(&mut self, dir: Direction, peer: &Peer, port: &Port, pod: usize) -> Option<String> {
         let addr = dir.addr();
         let verdict = dir.verdict();
-        // An egress rule's named port is each destination's: one set of (ip, proto, port).
+        // An egress rule's named port is each destination's: one set of (ip, proto, port),
+        // the same for every pod the rule applies to.
         if let (Direction::Egress, Port::Named(proto, name)) = (dir, port) {
-            let candidates: Vec<usize> = match peer {
-                Peer::Any => (0..self.pods.len()).collect(),
-                Peer::Pods(_, pods) => pods.clone(),
-                Peer::Block(cidr, except) => {
-                    (0..self.pods.len()).filter(|i| in_block(self.pods[*i].ip, cidr, except)).collect()
-                }
-            };
-            let elements: BTreeSet<(Ipv4Addr, Proto, u16)> = candidates
-                .iter()
-                .filter_map(|i| self.pods[*i].named_port(name, *proto).map(|n| (self.pods[*i].ip, *proto, n)))
-                .collect();
             let peer_key = match peer {
                 Peer::Any => "*".to_string(),
                 Peer::Pods(set, _) => set.clone(),
                 Peer::Block(cidr, except) => format!("{cidr}-{}", cidrs(except)),
             };
             let set = format!("port-{}", short_hash(&format!("{peer_key}|{}|{name}", proto.nft())));
-            self.desired.named.insert(set.clone(), elements);
+            if !self.desired.named.contains_key(&set) {
+                let has = |i: &usize| self.pods[*i].named_port(name, *proto).map(|n| (self.pods[*i].ip, *proto, n));
+                let elements: BTreeSet<(Ipv4Addr, Proto, u16)> = match peer {
+                    Peer::Any => (0..self.pods.len()).filter_map(|i| has(&i)).collect(),
+                    Peer::Pods(_, pods) => pods.iter().filter_map(has).collect(),
+                    Peer::Block(cidr, except) => (0..self.pods.len())
+                        .filter(|i| in_block(self.pods[*i].ip, cidr, except))
+                        .filter_map(|i| has(&i))
+                        .collect(),
+                };
+                self.desired.named.insert(set.clone(), elements);
+            }
             return Some(format!("ip daddr . meta l4proto . th dport @{set} {verdict}"));
         }
         let peer_match = match peer {

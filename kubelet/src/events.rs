@@ -1,6 +1,7 @@
 //! Kubernetes events about pods (core/v1 Events, which `kubectl describe` shows), with the
 //! kubelet's reasons: Created, Started, Killing, BackOff, Failed, Unhealthy,
-//! FailedCreatePodSandBox. Written by `common::events` as component `kubelet` on this node;
+//! FailedCreatePodSandBox; and about other Nodes the pod network leaves out (InvalidVtep).
+//! Written by `common::events` as component `kubelet` on this node;
 //! repeats within a minute are dropped; publishing never blocks a pod worker.
 
 use std::collections::HashMap;
@@ -49,6 +50,30 @@ impl Events {
 
     pub fn warning(&self, pod: &Pod, reason: &str, note: String) {
         self.publish(pod, true, reason, note)
+    }
+
+    /// A warning about Node `name` (another node: the VXLAN backend leaving it out).
+    pub fn node_warning(&self, name: &str, uid: Option<String>, reason: &str, note: String) {
+        if let Ok(mut recent) = self.recent.lock() {
+            let now = Instant::now();
+            recent.retain(|_, t| now.duration_since(*t) < REPEAT_WINDOW);
+            if recent.insert((format!("node/{name}"), reason.to_string(), note.clone()), now).is_some() {
+                return;
+            }
+        }
+        let message: String = note.chars().take(MAX_MESSAGE_CHARS).collect();
+        self.recorder.record(node_reference(name, uid), WARNING, reason, Some(reason), message);
+    }
+}
+
+/// A Node as an event's `involvedObject` (cluster-scoped: the event goes to `default`).
+fn node_reference(name: &str, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.into()),
+        uid,
+        ..Default::default()
     }
 }
 
@@ -100,5 +125,20 @@ mod tests {
         assert_eq!(e.source.and_then(|s| s.host).as_deref(), Some("node-1"));
         assert_eq!(e.reporting_instance.as_deref(), Some("node-1"));
         assert_eq!(e.action.as_deref(), Some("BackOff"));
+
+        let e = common::events::build(
+            "kubelet",
+            Some("node-1"),
+            node_reference("node-2", Some("u2".into())),
+            WARNING,
+            "InvalidVtep",
+            Some("InvalidVtep"),
+            "m".into(),
+            now,
+        );
+        assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(e.involved_object.kind.as_deref(), Some("Node"));
+        assert_eq!(e.involved_object.namespace, None);
+        assert_eq!(e.involved_object.name.as_deref(), Some("node-2"));
     }
 }

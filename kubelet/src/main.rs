@@ -21,6 +21,7 @@ mod netlink;
 mod netstats;
 mod network;
 mod node;
+mod overlay;
 mod pleg;
 mod podactions;
 mod podconfig;
@@ -129,6 +130,21 @@ struct Flags {
     /// A directory another kubelet serves leaves this one without device plugins.
     #[arg(long = "device-plugin-path", default_value = deviceplugin::DEFAULT_DIR)]
     device_plugin_path: PathBuf,
+    /// How pod traffic reaches nodes on other hosts: `host-gw` (routes `podCIDR via
+    /// InternalIP`; the hosts must share a link) or `vxlan` (an overlay over UDP 8472, as
+    /// flannel's vxlan backend; the pods' MTU is the underlay's less 50). Every node of a
+    /// cluster runs the same backend.
+    #[arg(long = "network-backend", value_enum, default_value = "host-gw")]
+    network_backend: network::Backend,
+    /// Run only the node's pod network (bridge, egress masquerade, the backend's routes or
+    /// overlay), without Docker, the Node registration or the kubelet API: for tests of the
+    /// network, whose Nodes the test writes.
+    #[arg(long = "network-only", hide = true)]
+    network_only: bool,
+    /// With --network-only: plug the network namespace of process PID into the bridge as a
+    /// pod with address IP (as a pause container's), `PID=IP`; repeatable.
+    #[arg(long = "network-only-pod", hide = true, requires = "network_only", value_parser = parse_pid_ip)]
+    network_only_pod: Vec<(i64, std::net::Ipv4Addr)>,
     /// Log level (`info`, `debug`, or a tracing filter); RUST_LOG overrides it.
     #[arg(long = "log-level", default_value = "info")]
     log_level: String,
@@ -145,6 +161,12 @@ fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
         return Err(format!("{s:?} must be positive"));
     }
     Ok(std::time::Duration::from_secs_f64(v * scale))
+}
+
+/// `PID=IP`.
+fn parse_pid_ip(s: &str) -> Result<(i64, std::net::Ipv4Addr), String> {
+    let (pid, ip) = s.split_once('=').ok_or_else(|| format!("{s:?}: want PID=IP"))?;
+    Ok((pid.parse().map_err(|_| format!("{s:?}: bad PID"))?, ip.parse().map_err(|_| format!("{s:?}: bad IP"))?))
 }
 
 fn hostname() -> String {
@@ -201,6 +223,14 @@ async fn main() -> Result<()> {
             certificate::Store::Kubeconfig(kubeconfig.clone()),
         ));
     }
+    let node_ipv4: std::net::Ipv4Addr = match node_ip.parse() {
+        Ok(ip) => ip,
+        Err(_) if flags.network_backend == network::Backend::HostGw => std::net::Ipv4Addr::UNSPECIFIED,
+        Err(_) => anyhow::bail!("--network-backend vxlan needs an IPv4 node address, not {node_ip:?}"),
+    };
+    if flags.network_only {
+        return run_network_only(&flags, client, &node_name, node_ipv4, pod_cidr).await;
+    }
     let rt = Arc::new(runtime::Runtime::connect(&node_name).await?);
     let docker_version = rt.version().await?;
     let metrics = metrics::Metrics::new()?;
@@ -211,7 +241,8 @@ async fn main() -> Result<()> {
         host_resolv_conf: std::fs::read_to_string(&flags.resolv_conf).unwrap_or_default(),
         host_hosts: std::fs::read_to_string("/etc/hosts").unwrap_or_default(),
     };
-    let net = Arc::new(network::PodNetwork::new(&node_name, rt.clone(), pod_cidr));
+    let net =
+        Arc::new(network::PodNetwork::new(&node_name, node_ipv4, flags.network_backend, Some(rt.clone()), pod_cidr));
     let devices = match devicemanager::DeviceManager::start(&flags.device_plugin_path).await {
         Ok(dm) => Some(dm),
         Err(e) => {
@@ -232,7 +263,7 @@ async fn main() -> Result<()> {
         devices,
         |k, uid, rx| Box::pin(worker::run(k, uid, rx)),
     );
-    tracing::info!(node = %node_name, node_ip, docker = %docker_version, pod_cidr = ?pod_cidr,
+    tracing::info!(node = %node_name, node_ip, docker = %docker_version, pod_cidr = ?pod_cidr, backend = ?flags.network_backend,
         cluster_dns = ?flags.cluster_dns, cluster_domain = %flags.cluster_domain, "kubelet starting");
 
     let addr: SocketAddr = format!("{}:{}", flags.address, flags.port).parse().context("--address/--port")?;
@@ -290,13 +321,44 @@ async fn main() -> Result<()> {
     }
     tokio::spawn(k.clone().watch_pods());
     tokio::spawn(stats::housekeeping(k.rt.clone(), k.stats.clone(), flags.housekeeping_interval));
-    tokio::spawn(k.net.clone().run_node_network(k.client.clone()));
+    tokio::spawn(k.net.clone().run_node_network(k.client.clone(), k.events.clone()));
 
+    wait_for_signal().await?;
+    tracing::info!("kubelet stopping; pods keep running");
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-    tracing::info!("kubelet stopping; pods keep running");
+    Ok(())
+}
+
+/// `--network-only`: the same `PodNetwork` and node network loop as a full kubelet, with
+/// no container runtime: the namespaces of `--network-only-pod` processes are plugged into
+/// the bridge as pause containers' are.
+async fn run_network_only(
+    flags: &Flags,
+    client: kube::Client,
+    node: &str,
+    node_ip: std::net::Ipv4Addr,
+    pod_cidr: Option<cidr::Cidr>,
+) -> Result<()> {
+    let cidr = pod_cidr.context("--network-only needs --pod-cidr")?;
+    let net = Arc::new(network::PodNetwork::new(node, node_ip, flags.network_backend, None, Some(cidr)));
+    for (pid, ip) in &flags.network_only_pod {
+        net.attach_pid(&format!("pid-{pid}"), *pid, *ip, &cidr, None)
+            .await
+            .with_context(|| format!("plugging process {pid}'s namespace in as {ip}"))?;
+        tracing::info!(pid, %ip, "pod namespace attached");
+    }
+    let events = events::Events::new(client.clone(), node);
+    tracing::info!(node, %node_ip, pod_cidr = %cidr, backend = ?flags.network_backend, "running the pod network only");
+    tokio::spawn(net.run_node_network(client, events));
+    wait_for_signal().await?;
+    tracing::info!("network-only kubelet stopping");
     Ok(())
 }

@@ -18,11 +18,17 @@
 //!   node's podCIDR or out of a MiniK8s bridge keeps the pod's address. Written with
 //!   `iptables-restore --noflush` (idempotent); the kube-proxy's chains are `KUBE-*`, so
 //!   the names never collide. [`masq_restore`] and [`stale_jumps`] are the pure parts.
-//! - **cross-host routes** (host-gw): a watch of Nodes; for every other node whose
-//!   InternalIP is not an address of this host, a route `podCIDR via InternalIP`
-//!   (protocol [`crate::netlink::ROUTE_PROTOCOL`], so stale ones are found and removed —
-//!   only those to a podCIDR of this cluster). [`desired_routes`] and [`route_changes`] are
-//!   the decision; nodes on this host need no route (their bridges are local).
+//! - **cross-host routes**, by one of two backends (`--network-backend`), from a watch of
+//!   Nodes; nodes on this host need no route either way (their bridges are local):
+//!   - `host-gw` (the default): for every other node whose InternalIP is not an address of
+//!     this host, a route `podCIDR via InternalIP` (protocol
+//!     [`crate::netlink::ROUTE_PROTOCOL`], so stale ones are found and removed — only those
+//!     to a podCIDR of this cluster). The hosts must share a link. [`desired_routes`] and
+//!     [`route_changes`] are the decision.
+//!   - `vxlan`: flannel's VXLAN overlay (see `overlay.rs`): a VXLAN device per host, its
+//!     MAC published in the Node's annotations, and for every other node a route via the
+//!     device, a neighbour and a forwarding entry; the hosts need only reach each other
+//!     over UDP. The pods' veths and the bridge get the overlay's MTU.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -38,14 +44,31 @@ use kube::runtime::{watcher, WatchStreamExt};
 use crate::cidr::Cidr;
 use crate::hosttools::{fnv32, output, run, run_with_input, succeeds};
 use crate::labels::Kind;
+use crate::overlay::{OverlayNode, Via, VtepAnnotations};
 use crate::runtime::{ContainerRecord, Runtime, State};
+
+/// How pod traffic reaches other hosts' nodes (`--network-backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// Routes `podCIDR via InternalIP`: the hosts share one link (flannel's host-gw).
+    #[value(name = "host-gw")]
+    HostGw,
+    /// A VXLAN overlay (flannel's vxlan): the hosts only need to reach each other over UDP.
+    Vxlan,
+}
 
 /// The node's pod network: its podCIDR, the pod IPs in use, the bridge, and each pod's
 /// link to it. The pod workers ask it for an address and a link; the node loop
 /// ([`PodNetwork::run_node_network`]) keeps the masquerade and the routes to other nodes.
 pub struct PodNetwork {
     node: String,
-    rt: Arc<Runtime>,
+    /// The node's address (InternalIP): the overlay's underlay address.
+    node_ip: Ipv4Addr,
+    backend: Backend,
+    /// The container runtime (`None` when the kubelet runs only the network, `--network-only`).
+    rt: Option<Arc<Runtime>>,
+    /// The pods' MTU once known (`None`: the kernel's default; the overlay's otherwise).
+    pod_mtu: tokio::sync::OnceCell<Option<u32>>,
     /// `--pod-cidr`, or the Node's `spec.podCIDR` once node IPAM gave one.
     pod_cidr: Mutex<Option<Cidr>>,
     /// The node's bridge once created.
@@ -67,15 +90,42 @@ struct HostPorts {
 }
 
 impl PodNetwork {
-    pub fn new(node: &str, rt: Arc<Runtime>, pod_cidr: Option<Cidr>) -> PodNetwork {
+    pub fn new(
+        node: &str,
+        node_ip: Ipv4Addr,
+        backend: Backend,
+        rt: Option<Arc<Runtime>>,
+        pod_cidr: Option<Cidr>,
+    ) -> PodNetwork {
         PodNetwork {
             node: node.to_string(),
+            node_ip,
+            backend,
             rt,
+            pod_mtu: tokio::sync::OnceCell::new(),
             pod_cidr: Mutex::new(pod_cidr),
             bridge: tokio::sync::Mutex::new(None),
             ips: tokio::sync::Mutex::new(None),
             host_ports: tokio::sync::Mutex::new(HostPorts::default()),
         }
+    }
+
+    fn runtime(&self) -> Result<&Arc<Runtime>> {
+        self.rt.as_ref().ok_or_else(|| anyhow!("no container runtime: this kubelet runs only the pod network"))
+    }
+
+    /// The MTU of the pods' links and the bridge: the overlay's (the underlay link's less
+    /// the encapsulation) with the VXLAN backend, else the kernel's default.
+    async fn pod_mtu(&self) -> Option<u32> {
+        *self
+            .pod_mtu
+            .get_or_init(|| async {
+                match self.backend {
+                    Backend::HostGw => None,
+                    Backend::Vxlan => Some(crate::overlay::overlay_mtu(underlay_mtu(self.node_ip).await)),
+                }
+            })
+            .await
     }
 
     /// The node's podCIDR, if it has one yet.
@@ -96,7 +146,7 @@ impl PodNetwork {
         let mut ips = self.ips.lock().await;
         if ips.is_none() {
             let used = self
-                .rt
+                .runtime()?
                 .list(None)
                 .await?
                 .iter()
@@ -141,20 +191,34 @@ impl PodNetwork {
         cidr: &Cidr,
         capture: Option<String>,
     ) -> Result<()> {
+        let pid = self.runtime()?.pid(sandbox_id).await?.ok_or_else(|| anyhow!("pause container has no pid"))?;
+        self.attach_pid(pod_uid, pid, ip, cidr, capture).await
+    }
+
+    /// [`PodNetwork::attach`] for the network namespace of process `pid` (the pause
+    /// container's; with `--network-only`, any process's).
+    pub async fn attach_pid(
+        &self,
+        pod_uid: &str,
+        pid: i64,
+        ip: Ipv4Addr,
+        cidr: &Cidr,
+        capture: Option<String>,
+    ) -> Result<()> {
+        let mtu = self.pod_mtu().await;
         let bridge = {
             let mut b = self.bridge.lock().await;
             match b.as_ref() {
                 Some(b) => b.clone(),
                 None => {
-                    let name = ensure_bridge(&self.node, cidr).await?;
+                    let name = ensure_bridge(&self.node, cidr, mtu).await?;
                     *b = Some(name.clone());
                     name
                 }
             }
         };
-        let pid = self.rt.pid(sandbox_id).await?.ok_or_else(|| anyhow!("pause container has no pid"))?;
         let (host, peer) = veth_names(pod_uid);
-        if let Err(e) = crate::netlink::setup_pod(&bridge, &host, &peer, pid, ip, cidr, capture).await {
+        if let Err(e) = crate::netlink::setup_pod(&bridge, &host, &peer, pid, ip, cidr, capture, mtu).await {
             let _ = crate::netlink::delete(&host).await;
             return Err(e);
         }
@@ -228,9 +292,9 @@ pub fn veth_names(pod_uid: &str) -> (String, String) {
 
 /// Create (or fix up) the node's bridge with the gateway address, enable forwarding and
 /// accept forwarded traffic of the MiniK8s bridges (Docker sets FORWARD's policy to DROP).
-async fn ensure_bridge(node: &str, cidr: &Cidr) -> Result<String> {
+async fn ensure_bridge(node: &str, cidr: &Cidr, mtu: Option<u32>) -> Result<String> {
     let br = bridge_name(node);
-    crate::netlink::ensure_bridge(&br, cidr).await?;
+    crate::netlink::ensure_bridge(&br, cidr, mtu).await?;
     if let Err(e) = std::fs::write("/proc/sys/net/ipv4/ip_forward", "1") {
         tracing::warn!(error = %e, "cannot enable ip_forward");
     }
@@ -299,6 +363,10 @@ pub struct NodeNet {
     pub name: String,
     pub pod_cidr: Option<Cidr>,
     pub internal_ip: Option<Ipv4Addr>,
+    /// The Node's UID (the involved object of events about it).
+    pub uid: Option<String>,
+    /// Its VTEP annotations (the VXLAN backend).
+    pub vtep: VtepAnnotations,
 }
 
 impl NodeNet {
@@ -313,7 +381,22 @@ impl NodeNet {
             .as_ref()
             .and_then(|s| s.addresses.as_ref())
             .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP").and_then(|a| a.address.parse().ok()));
-        NodeNet { name: n.metadata.name.clone().unwrap_or_default(), pod_cidr, internal_ip }
+        NodeNet {
+            name: n.metadata.name.clone().unwrap_or_default(),
+            pod_cidr,
+            internal_ip,
+            uid: n.metadata.uid.clone(),
+            vtep: VtepAnnotations::from_annotations(n.metadata.annotations.as_ref()),
+        }
+    }
+
+    fn overlay(&self) -> OverlayNode {
+        OverlayNode {
+            name: self.name.clone(),
+            pod_cidr: self.pod_cidr,
+            internal_ip: self.internal_ip,
+            vtep: self.vtep.clone(),
+        }
     }
 }
 
@@ -326,10 +409,10 @@ pub fn desired_routes(
     own_cidr: Option<&Cidr>,
     nodes: &[NodeNet],
     local_addrs: &HashSet<Ipv4Addr>,
-) -> BTreeMap<Cidr, Ipv4Addr> {
+) -> BTreeMap<Cidr, Via> {
     let mut sorted: Vec<&NodeNet> = nodes.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut out: BTreeMap<Cidr, Ipv4Addr> = BTreeMap::new();
+    let mut out: BTreeMap<Cidr, Via> = BTreeMap::new();
     for n in sorted {
         if n.name == self_node {
             continue;
@@ -342,7 +425,7 @@ pub fn desired_routes(
             tracing::warn!(node = %n.name, %cidr, "podCIDR overlaps another node's; no route");
             continue;
         }
-        out.insert(cidr, ip);
+        out.insert(cidr, Via::gateway(ip));
     }
     out
 }
@@ -369,53 +452,139 @@ pub async fn apply_masquerade(node: &str, pod_cidr: &Cidr, cluster_cidrs: &BTree
     Ok(())
 }
 
-/// Routes `destination via gateway`.
-type RouteList = Vec<(Cidr, Ipv4Addr)>;
+/// Routes `destination via gateway [dev …]`.
+type RouteList = Vec<(Cidr, Via)>;
 
 /// The route changes that make this host's `proto 107` routes match `desired`: routes to add
 /// or replace, and routes to delete. Only routes to a podCIDR of this cluster (`known`: every
 /// podCIDR its Nodes have had) are deleted, so a kubelet of another cluster sharing the host
-/// keeps its routes.
+/// keeps its routes. A host-gw route leaves the device to the kernel; an overlay route
+/// names the VXLAN device (so switching backends replaces every route).
 pub fn route_changes(
-    current: &BTreeMap<Cidr, Ipv4Addr>,
-    desired: &BTreeMap<Cidr, Ipv4Addr>,
+    current: &BTreeMap<Cidr, Via>,
+    desired: &BTreeMap<Cidr, Via>,
     known: &BTreeSet<Cidr>,
 ) -> (RouteList, RouteList) {
-    let add = desired.iter().filter(|(c, g)| current.get(c) != Some(g)).map(|(c, g)| (*c, *g)).collect();
+    let add = desired
+        .iter()
+        .filter(|(c, want)| !current.get(c).is_some_and(|have| have.satisfies(want)))
+        .map(|(c, g)| (*c, *g))
+        .collect();
     let del =
         current.iter().filter(|(c, _)| known.contains(c) && !desired.contains_key(c)).map(|(c, g)| (*c, *g)).collect();
     (add, del)
 }
 
-/// Apply [`route_changes`] to the host's routing table.
-async fn apply_routes(desired: &BTreeMap<Cidr, Ipv4Addr>, known: &BTreeSet<Cidr>) -> Result<()> {
+/// Apply [`route_changes`] to the host's routing table. A route that cannot be added is a
+/// warning for host-gw (a node not on-link) and an error for the overlay.
+async fn apply_routes(desired: &BTreeMap<Cidr, Via>, known: &BTreeSet<Cidr>) -> Result<()> {
     let current = crate::netlink::our_routes().await?;
     let (add, del) = route_changes(&current, desired, known);
-    for (cidr, gw) in del {
-        tracing::info!(%cidr, %gw, "removing route to another node's pods");
-        crate::netlink::delete_route(&cidr, gw).await?;
+    for (cidr, via) in del {
+        tracing::info!(%cidr, gw = %via.gateway, "removing route to another node's pods");
+        crate::netlink::delete_route(&cidr, &via).await?;
     }
-    for (cidr, gw) in add {
-        tracing::info!(%cidr, %gw, "route to another node's pods");
-        if let Err(e) = crate::netlink::replace_route(&cidr, gw).await {
-            tracing::warn!(%cidr, %gw, error = %format!("{e:#}"), "cannot add the route (node not on-link?)");
+    let mut failed = 0;
+    for (cidr, via) in add {
+        tracing::info!(%cidr, gw = %via.gateway, dev = ?via.device, "route to another node's pods");
+        if let Err(e) = crate::netlink::replace_route(&cidr, &via).await {
+            failed += 1;
+            tracing::warn!(%cidr, gw = %via.gateway, error = %format!("{e:#}"), "cannot add the route (node not on-link?)");
         }
+    }
+    if failed > 0 && desired.values().any(|v| v.device.is_some()) {
+        return Err(anyhow!("{failed} overlay routes could not be added"));
     }
     Ok(())
 }
 
+/// The MTU of the link holding `node_ip`, else 1500.
+async fn underlay_mtu(node_ip: Ipv4Addr) -> u32 {
+    match crate::netlink::mtu_of_address(node_ip).await {
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            tracing::warn!(%node_ip, "the node's address is on no link of this host; assuming an underlay MTU of 1500");
+            1500
+        }
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "cannot read the underlay's MTU; assuming 1500");
+            1500
+        }
+    }
+}
+
+/// The VXLAN device as this kubelet last made sure of it.
+#[derive(Debug, Clone, Copy)]
+struct Vtep {
+    index: u32,
+    mac: crate::overlay::Mac,
+}
+
+/// Make the node's VXLAN device what it should be: created (again, when its configuration
+/// differs), MTU, up, and the network address of the podCIDR.
+async fn ensure_vtep(node_ip: Ipv4Addr, own: Option<&Cidr>) -> Result<Vtep> {
+    use crate::overlay::{DeviceSpec, VNI, VXLAN_DEVICE, VXLAN_PORT};
+    let mtu = crate::overlay::overlay_mtu(underlay_mtu(node_ip).await);
+    let spec = DeviceSpec { vni: VNI, port: VXLAN_PORT, local: node_ip, mtu };
+    let (index, mac, recreated) = crate::netlink::ensure_vxlan(VXLAN_DEVICE, &spec).await?;
+    if let Some(why) = recreated {
+        tracing::warn!(device = VXLAN_DEVICE, reason = %why, "recreated the VXLAN device");
+    }
+    if let Some(own) = own {
+        crate::netlink::ensure_host_address(index, own.network).await?;
+    }
+    Ok(Vtep { index, mac })
+}
+
+/// Make the VXLAN device's neighbours and forwarding entries match `plan`.
+async fn apply_overlay_entries(device: u32, plan: &crate::overlay::OverlayPlan) -> Result<()> {
+    let current = crate::netlink::neighbours(device).await?;
+    let (set, del) = crate::overlay::neighbour_changes(&current, &plan.neighbours);
+    for ip in del {
+        tracing::info!(%ip, "removing the overlay neighbour");
+        crate::netlink::delete_neighbour(device, ip).await?;
+    }
+    for (ip, mac) in set {
+        tracing::info!(%ip, %mac, "overlay neighbour");
+        crate::netlink::set_neighbour(device, ip, mac).await?;
+    }
+    let current = crate::netlink::fdb(device).await?;
+    let (del, set) = crate::overlay::fdb_changes(&current, &plan.fdb);
+    for mac in del {
+        tracing::info!(%mac, "removing the overlay forwarding entry");
+        crate::netlink::delete_fdb(device, mac).await?;
+    }
+    for (mac, ip) in set {
+        tracing::info!(%mac, dst = %ip, "overlay forwarding entry");
+        crate::netlink::set_fdb(device, mac, ip).await?;
+    }
+    Ok(())
+}
+
+/// What the loop last applied, so an unchanged state writes nothing.
+#[derive(Default)]
+struct Applied {
+    masq: Option<(Cidr, BTreeSet<Cidr>)>,
+    routes: Option<BTreeMap<Cidr, Via>>,
+    overlay: Option<crate::overlay::OverlayPlan>,
+    vtep: Option<Vtep>,
+}
+
 impl PodNetwork {
-    /// The network loop: a watch of Nodes driving the egress masquerade chain and the host-gw
-    /// routes, re-applied on every change and once a minute (in case something flushed them).
-    pub async fn run_node_network(self: Arc<Self>, client: kube::Client) {
+    /// The network loop: a watch of Nodes driving the egress masquerade chain and the
+    /// backend's routes (and, for VXLAN, the device, its entries and this Node's VTEP
+    /// annotations), re-applied on every change and once a minute (in case something
+    /// flushed them). `events`: where a node skipped for a bad VTEP is reported.
+    pub async fn run_node_network(self: Arc<Self>, client: kube::Client, events: crate::events::Events) {
         let api: Api<Node> = Api::all(client);
-        let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut stream = watcher(api.clone(), watcher::Config::default()).default_backoff().boxed();
         let mut nodes: HashMap<String, NodeNet> = HashMap::new();
         let mut relist: HashMap<String, NodeNet> = HashMap::new();
         let mut synced = false;
-        let mut applied_masq: Option<(Cidr, BTreeSet<Cidr>)> = None;
-        let mut applied_routes: Option<BTreeMap<Cidr, Ipv4Addr>> = None;
+        let mut applied = Applied::default();
         let mut known: BTreeSet<Cidr> = BTreeSet::new();
+        // The (node, reason) pairs already reported, so each bad annotation is one event.
+        let mut reported: HashSet<(String, String)> = HashSet::new();
         let mut tick = tokio::time::interval(Duration::from_secs(60));
         loop {
             tokio::select! {
@@ -428,7 +597,7 @@ impl PodNetwork {
                     Some(Err(e)) => { tracing::debug!(error = %e, "node watch"); continue; }
                     None => return,
                 },
-                _ = tick.tick() => { applied_masq = None; applied_routes = None; }
+                _ = tick.tick() => { applied = Applied::default(); }
             }
             if !synced {
                 continue;
@@ -438,14 +607,14 @@ impl PodNetwork {
             let before = known.len();
             known.extend(list.iter().filter_map(|n| n.pod_cidr));
             if known.len() != before {
-                applied_routes = None;
+                applied.routes = None;
             }
             if let Some(own) = own {
                 let cluster: BTreeSet<Cidr> = list.iter().filter_map(|n| n.pod_cidr).collect();
                 let want = (own, cluster);
-                if applied_masq.as_ref() != Some(&want) {
+                if applied.masq.as_ref() != Some(&want) {
                     match apply_masquerade(&self.node, &want.0, &want.1).await {
-                        Ok(()) => applied_masq = Some(want),
+                        Ok(()) => applied.masq = Some(want),
                         Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot write the egress masquerade rules"),
                     }
                 }
@@ -457,13 +626,109 @@ impl PodNetwork {
                     continue;
                 }
             };
-            let want = desired_routes(&self.node, own.as_ref(), &list, &local);
-            if applied_routes.as_ref() != Some(&want) {
-                match apply_routes(&want, &known).await {
-                    Ok(()) => applied_routes = Some(want),
-                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot apply the routes to other nodes"),
+            match self.backend {
+                Backend::HostGw => {
+                    // A VTEP published by an earlier vxlan run is withdrawn.
+                    if let Some(me) = nodes.get(&self.node) {
+                        self.publish_vtep(&api, &me.vtep, None).await;
+                    }
+                    let want = desired_routes(&self.node, own.as_ref(), &list, &local);
+                    if applied.routes.as_ref() != Some(&want) {
+                        match apply_routes(&want, &known).await {
+                            Ok(()) => applied.routes = Some(want),
+                            Err(e) => {
+                                tracing::warn!(error = %format!("{e:#}"), "cannot apply the routes to other nodes")
+                            }
+                        }
+                    }
+                }
+                Backend::Vxlan => {
+                    self.overlay_step(&api, &events, own.as_ref(), &nodes, &local, &known, &mut applied, &mut reported)
+                        .await
                 }
             }
+        }
+    }
+
+    /// One pass of the VXLAN backend: the device, this Node's annotations, and the routes,
+    /// neighbours and forwarding entries towards the other nodes.
+    #[allow(clippy::too_many_arguments)]
+    async fn overlay_step(
+        &self,
+        api: &Api<Node>,
+        events: &crate::events::Events,
+        own: Option<&Cidr>,
+        nodes: &HashMap<String, NodeNet>,
+        local: &HashSet<Ipv4Addr>,
+        known: &BTreeSet<Cidr>,
+        applied: &mut Applied,
+        reported: &mut HashSet<(String, String)>,
+    ) {
+        let vtep = match applied.vtep {
+            Some(v) => v,
+            None => match ensure_vtep(self.node_ip, own).await {
+                Ok(v) => {
+                    applied.vtep = Some(v);
+                    // A new device has none of the entries.
+                    applied.overlay = None;
+                    applied.routes = None;
+                    v
+                }
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "cannot set up the VXLAN device");
+                    return;
+                }
+            },
+        };
+        if let Some(me) = nodes.get(&self.node) {
+            self.publish_vtep(api, &me.vtep, Some((vtep.mac, self.node_ip))).await;
+        }
+        let overlay_nodes: Vec<OverlayNode> = nodes.values().map(NodeNet::overlay).collect();
+        let (plan, skipped) = crate::overlay::desired_overlay(&self.node, own, &overlay_nodes, local, vtep.index);
+        reported.retain(|(node, reason)| skipped.iter().any(|s| &s.node == node && &s.reason == reason));
+        for s in skipped {
+            if reported.insert((s.node.clone(), s.reason.clone())) {
+                tracing::warn!(node = %s.node, reason = %s.reason, "node left out of the overlay");
+                let uid = nodes.get(&s.node).and_then(|n| n.uid.clone());
+                events.node_warning(
+                    &s.node,
+                    uid,
+                    "InvalidVtep",
+                    format!("Node left out of the VXLAN overlay: {}", s.reason),
+                );
+            }
+        }
+        if applied.overlay.as_ref() != Some(&plan) || applied.routes.as_ref() != Some(&plan.routes) {
+            let res = async {
+                apply_overlay_entries(vtep.index, &plan).await?;
+                apply_routes(&plan.routes, known).await
+            }
+            .await;
+            match res {
+                Ok(()) => {
+                    applied.routes = Some(plan.routes.clone());
+                    applied.overlay = Some(plan);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "cannot program the overlay");
+                    // The device may be gone: look again next time.
+                    applied.vtep = None;
+                }
+            }
+        }
+    }
+
+    /// Patch this Node's VTEP annotations when they differ from `vtep` (`None`: withdraw).
+    async fn publish_vtep(
+        &self,
+        api: &Api<Node>,
+        have: &VtepAnnotations,
+        vtep: Option<(crate::overlay::Mac, Ipv4Addr)>,
+    ) {
+        let Some(patch) = crate::overlay::annotation_patch(have, vtep) else { return };
+        match api.patch(&self.node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
+            Ok(_) => tracing::info!(vtep = ?vtep.map(|v| v.0.to_string()), "published the node's VTEP annotations"),
+            Err(e) => tracing::warn!(error = %e, "cannot patch the node's VTEP annotations"),
         }
     }
 }
@@ -482,7 +747,13 @@ mod tests {
     }
 
     fn nn(name: &str, cidr: &str, ip: &str) -> NodeNet {
-        NodeNet { name: name.into(), pod_cidr: cidr.parse().ok(), internal_ip: ip.parse().ok() }
+        NodeNet {
+            name: name.into(),
+            pod_cidr: cidr.parse().ok(),
+            internal_ip: ip.parse().ok(),
+            uid: None,
+            vtep: VtepAnnotations::default(),
+        }
     }
 
     #[test]
@@ -500,7 +771,10 @@ mod tests {
             nn("z-clash", "10.244.3.128/25", "192.168.1.14"),
         ];
         let want = desired_routes("me", Some(&own), &nodes, &local);
-        assert_eq!(want, BTreeMap::from([("10.244.3.0/24".parse().unwrap(), "192.168.1.11".parse().unwrap())]));
+        assert_eq!(
+            want,
+            BTreeMap::from([("10.244.3.0/24".parse().unwrap(), Via::gateway("192.168.1.11".parse().unwrap()))])
+        );
         // Without a podCIDR of its own the node still routes to the others.
         assert_eq!(desired_routes("me", None, &nodes, &local).len(), 2);
     }
@@ -508,7 +782,7 @@ mod tests {
     #[test]
     fn route_changes_leave_other_clusters_routes() {
         let c = |s: &str| s.parse::<Cidr>().unwrap();
-        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let ip = |s: &str| Via::gateway(s.parse::<Ipv4Addr>().unwrap());
         let current = BTreeMap::from([
             (c("10.244.1.0/24"), ip("192.168.1.11")), // still wanted
             (c("10.244.2.0/24"), ip("192.168.1.12")), // node moved to a new IP
@@ -524,6 +798,15 @@ mod tests {
         let (add, del) = route_changes(&current, &desired, &known);
         assert_eq!(add, vec![(c("10.244.2.0/24"), ip("192.168.1.22")), (c("10.244.4.0/24"), ip("192.168.1.14"))]);
         assert_eq!(del, vec![(c("10.244.3.0/24"), ip("192.168.1.13"))]);
+        // The kernel reports the device of a host-gw route; any device will do. Switching to
+        // the overlay replaces it with a route on the VXLAN device.
+        let on_eth = |g: &str| Via { gateway: g.parse().unwrap(), device: Some(2) };
+        let current = BTreeMap::from([(c("10.244.1.0/24"), on_eth("192.168.1.11"))]);
+        let desired = BTreeMap::from([(c("10.244.1.0/24"), ip("192.168.1.11"))]);
+        assert_eq!(route_changes(&current, &desired, &known), (vec![], vec![]));
+        let overlay = Via { gateway: "10.244.1.0".parse().unwrap(), device: Some(9) };
+        let desired = BTreeMap::from([(c("10.244.1.0/24"), overlay)]);
+        assert_eq!(route_changes(&current, &desired, &known), (vec![(c("10.244.1.0/24"), overlay)], vec![]));
     }
 
     #[test]

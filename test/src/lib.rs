@@ -18,6 +18,8 @@ pub mod kubeproxy;
 
 pub mod kubelet;
 
+pub mod podnet;
+
 pub mod tls;
 
 use std::io::{Read, Write};

@@ -582,3 +582,38 @@ fn backup_and_restore_into_a_new_state_directory() {
         assert_eq!(names(&pods_after), names(&pods_before), "{store}: the same pods (names and UIDs) run again");
     }
 }
+
+/// Flags the script can judge before starting anything are refused with what to do, and
+/// nothing is left behind: an unknown network backend (up and join), and IPVS on a kernel
+/// without `ip_vs`.
+#[test]
+fn up_and_join_refuse_what_cannot_work_before_starting_anything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("state");
+    let port = free_port();
+    let (ok, out) = cluster(&home, port, &["up", "--network-backend", "flannel"]);
+    assert!(!ok && out.contains("--network-backend is host-gw or vxlan, not 'flannel'"), "{out}");
+    let hash = format!("sha256:{}", "0".repeat(64));
+    let (ok, out) = cluster(
+        &home,
+        port,
+        &[
+            "join",
+            "--server",
+            "https://192.0.2.1:6443",
+            "--token",
+            "abcdef.0123456789abcdef",
+            "--ca-cert-hash",
+            &hash,
+            "--network-backend",
+            "weave",
+        ],
+    );
+    assert!(!ok && out.contains("--network-backend is host-gw or vxlan, not 'weave'"), "{out}");
+    let ip_vs_loadable = Command::new("modprobe").args(["-n", "ip_vs"]).output().is_ok_and(|o| o.status.success());
+    if !Path::new("/proc/net/ip_vs").exists() && !ip_vs_loadable {
+        let (ok, out) = cluster(&home, port, &["up", "--proxy-mode", "ipvs"]);
+        assert!(!ok && out.contains("needs the kernel module ip_vs"), "{out}");
+    }
+    assert!(!home.exists(), "a refused command leaves no state directory behind");
+}

@@ -102,9 +102,11 @@ struct Args {
     /// Bound on concurrent mutating requests (429 beyond it).
     #[arg(long, default_value_t = 200)]
     max_mutating_requests_inflight: usize,
-    /// Events each resource's watch cache keeps for watchers resuming from an older
-    /// resourceVersion (older ones catch up from storage first, then use the cache). 0 keeps
-    /// none; watchers still share the cache's single storage watch.
+    /// Events each resource's watch cache keeps at least for watchers resuming from an
+    /// older resourceVersion (older ones catch up from storage first, then use the cache);
+    /// a busy resource's cache grows to keep 75 s of its events (up to 102,400) and shrinks
+    /// back when it quiets down. 0 keeps none; watchers still share the cache's single
+    /// storage watch.
     #[arg(long, default_value_t = apiserver::watch::DEFAULT_CACHE_SIZE)]
     default_watch_cache_size: usize,
     /// How often storage history is compacted (Go duration, e.g. 5m, 30s; 0 disables).

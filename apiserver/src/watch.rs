@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -67,6 +67,11 @@ struct Inner {
     /// JSON object), and only a watcher resuming from an older revision needs these, so
     /// they are decoded again then. Live watchers get decoded events from `tx`.
     ring: VecDeque<storage::Event>,
+    /// When each event of the ring arrived (same order).
+    arrived: VecDeque<Instant>,
+    /// How many events the ring keeps now: it follows the resource's write rate
+    /// ([`resized`]).
+    capacity: usize,
     /// The ring holds every event with revision > start_rev.
     start_rev: Revision,
     /// The cache has every event up to this revision (its start, events and progress).
@@ -84,7 +89,8 @@ pub enum CacheUpdate {
 
 pub struct WatchCache {
     pub prefix: String,
-    capacity: usize,
+    /// The ring's smallest and largest capacity.
+    bounds: (usize, usize),
     inner: Mutex<Inner>,
 }
 
@@ -102,18 +108,54 @@ pub enum Subscription {
 /// instead. tokio allocates every slot up front (~40 bytes each), per watched resource.
 const CHANNEL_CAPACITY: usize = 256;
 
-/// Events a cache's ring keeps by default (kube-apiserver's `--default-watch-cache-size`).
+/// Events a cache's ring keeps at least (kube-apiserver's `--default-watch-cache-size`).
 /// Each holds the object and its previous state: 10,000 pod events cost ~22 MB.
 pub const DEFAULT_CACHE_SIZE: usize = 100;
+/// The most events a ring grows to (kube-apiserver's upper bound, 100 × 1024).
+pub const MAX_CACHE_SIZE: usize = 100 * 1024;
+/// A ring grows while its oldest event is younger than this, and shrinks when even its
+/// newest quarter is older (kube-apiserver's `eventFreshDuration`).
+pub const EVENT_FRESH: Duration = Duration::from_secs(75);
+
+/// Kubernetes' watch cache sizing, decided when an event arrives at a full ring of
+/// `capacity`: double it (up to `bounds.1`) when the oldest event is younger than
+/// [`EVENT_FRESH`] — a watcher that lost its connection a minute ago can still resume from
+/// the ring at this write rate — and halve it (down to `bounds.0`) when the oldest event of
+/// the newest quarter is older than that: the rate fell, the memory goes back. Between the
+/// two it stays (no flapping).
+pub fn resized(capacity: usize, bounds: (usize, usize), oldest_age: Duration, newest_quarter_age: Duration) -> usize {
+    if oldest_age < EVENT_FRESH {
+        (capacity * 2).min(bounds.1).max(capacity)
+    } else if newest_quarter_age > EVENT_FRESH {
+        (capacity / 2).max(bounds.0).min(capacity)
+    } else {
+        capacity
+    }
+}
 
 impl WatchCache {
-    fn new(prefix: String, capacity: usize, start_rev: Revision) -> Self {
+    /// A cache whose ring starts at `min_capacity` events and adapts up to
+    /// [`MAX_CACHE_SIZE`] (0: no ring at all).
+    fn new(prefix: String, min_capacity: usize, start_rev: Revision) -> Self {
         let (tx, _) = broadcast::channel(CHANNEL_CAPACITY);
+        let bounds = if min_capacity == 0 { (0, 0) } else { (min_capacity, MAX_CACHE_SIZE.max(min_capacity)) };
         WatchCache {
             prefix,
-            capacity,
-            inner: Mutex::new(Inner { ring: VecDeque::new(), start_rev, last_rev: start_rev, tx }),
+            bounds,
+            inner: Mutex::new(Inner {
+                ring: VecDeque::new(),
+                arrived: VecDeque::new(),
+                capacity: bounds.0,
+                start_rev,
+                last_rev: start_rev,
+                tx,
+            }),
         }
+    }
+
+    /// How many events the ring keeps now.
+    pub fn capacity(&self) -> usize {
+        self.lock().capacity
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -142,11 +184,29 @@ impl WatchCache {
 
     /// Add a storage event (`ev` is its decoded form) and hand it to live watchers.
     fn push(&self, raw: storage::Event, ev: CachedEvent) {
+        self.push_at(raw, ev, Instant::now())
+    }
+
+    fn push_at(&self, raw: storage::Event, ev: CachedEvent, now: Instant) {
         let ev = Arc::new(ev);
         let mut inner = self.lock();
         inner.last_rev = inner.last_rev.max(ev.revision);
+        let len = inner.ring.len();
+        if len > 0 && len >= inner.capacity {
+            let age = |i: usize| inner.arrived.get(i).map_or(Duration::ZERO, |t| now.saturating_duration_since(*t));
+            // The oldest event of the newest quarter (the oldest of all while a quarter is
+            // less than one event, as kube-apiserver's ring index wraps).
+            let quarter = (len - inner.capacity / 4) % len;
+            let capacity = resized(inner.capacity, self.bounds, age(0), age(quarter));
+            if capacity != inner.capacity {
+                tracing::debug!(resource = %self.prefix, from = inner.capacity, to = capacity, "watch cache resized");
+                inner.capacity = capacity;
+            }
+        }
         inner.ring.push_back(raw);
-        while inner.ring.len() > self.capacity {
+        inner.arrived.push_back(now);
+        while inner.ring.len() > inner.capacity {
+            inner.arrived.pop_front();
             if let Some(old) = inner.ring.pop_front() {
                 inner.start_rev = old.revision();
             }
@@ -170,6 +230,7 @@ impl WatchCache {
     fn reset(&self, rev: Revision) {
         let mut inner = self.lock();
         inner.ring.clear();
+        inner.arrived.clear();
         inner.start_rev = rev;
         inner.last_rev = rev;
         let (tx, _) = broadcast::channel(CHANNEL_CAPACITY);
@@ -613,10 +674,13 @@ mod tests {
     #[test]
     fn ring_and_subscribe() {
         let c = WatchCache::new("/registry/pods/".into(), 3, 10);
+        // Events far enough apart that the ring keeps its smallest size.
+        let start = Instant::now();
         for r in 11..=15 {
             let (raw, ce) = stored(r);
-            c.push(raw, ce);
+            c.push_at(raw, ce, start + EVENT_FRESH * 2 * r as u32);
         }
+        assert_eq!(c.capacity(), 3);
         // Ring holds 13, 14, 15: complete after 12.
         assert!(matches!(c.subscribe(11), Subscription::TooOld));
         match c.subscribe(12) {
@@ -634,12 +698,50 @@ mod tests {
             Subscription::Cache { backlog, mut rx, .. } => {
                 assert!(backlog.is_empty());
                 let (raw, ce) = stored(16);
-                c.push(raw, ce);
+                c.push_at(raw, ce, start + EVENT_FRESH * 2 * 16);
                 assert!(matches!(rx.try_recv(), Ok(CacheUpdate::Event(e)) if e.revision == 16));
             }
             Subscription::TooOld => panic!(),
         }
         assert_eq!(c.last_revision(), 16);
+    }
+
+    #[test]
+    fn the_ring_follows_the_write_rate_as_kubernetes_sizes_it() {
+        let (fresh, stale) = (Duration::from_secs(10), EVENT_FRESH + Duration::from_secs(1));
+        let bounds = (100, MAX_CACHE_SIZE);
+        // Full, oldest event fresh: double, up to the bound.
+        assert_eq!(resized(100, bounds, fresh, fresh), 200);
+        assert_eq!(resized(MAX_CACHE_SIZE, bounds, fresh, fresh), MAX_CACHE_SIZE);
+        // Even the newest quarter is stale: halve, down to the bound.
+        assert_eq!(resized(800, bounds, stale, stale), 400);
+        assert_eq!(resized(100, bounds, stale, stale), 100);
+        // Oldest stale, newest quarter fresh: stay.
+        assert_eq!(resized(800, bounds, stale, fresh), 800);
+
+        // 1,000 events within a minute: a watcher a thousand events behind resumes from the
+        // ring (with 100 fixed it had to catch up from storage).
+        let c = WatchCache::new("/registry/pods/".into(), 100, 10);
+        let start = Instant::now();
+        for r in 11..=1010u32 {
+            let (raw, ce) = stored(r as i64);
+            c.push_at(raw, ce, start + Duration::from_millis(50) * r);
+        }
+        assert_eq!(c.capacity(), 1600);
+        assert!(matches!(c.subscribe(10), Subscription::Cache { ref backlog, .. } if backlog.len() == 1000));
+        // Then one event every two minutes: once the ring is full again (600 more), its
+        // newest quarter is stale and it halves at each event until it is back at its
+        // smallest size, keeping the newest events.
+        for (i, r) in (1011..=1614u32).enumerate() {
+            let (raw, ce) = stored(r as i64);
+            c.push_at(raw, ce, start + Duration::from_secs(60) + Duration::from_secs(120) * (i as u32 + 1));
+            if r == 1610 {
+                assert_eq!(c.capacity(), 1600, "not full yet: no resize");
+            }
+        }
+        assert_eq!(c.capacity(), 100);
+        assert!(matches!(c.subscribe(10), Subscription::TooOld));
+        assert!(matches!(c.subscribe(1514), Subscription::Cache { ref backlog, .. } if backlog.len() == 100));
     }
 
     #[test]
@@ -684,10 +786,12 @@ mod tests {
             }
             Subscription::TooOld => panic!("60 is servable"),
         }
-        // After the ring moved past it, an old revision is not.
+        // After the ring moved past it (events slow enough that it keeps 3), an old
+        // revision is not.
+        let start = Instant::now();
         for r in 61..=64 {
             let (raw, ce) = stored(r);
-            c.push(raw, ce);
+            c.push_at(raw, ce, start + EVENT_FRESH * 2 * r as u32);
         }
         assert!(matches!(c.subscribe(50), Subscription::TooOld));
     }

@@ -3,15 +3,15 @@
 //! writes only the difference; after a failure or at start it resyncs from what the kernel has.
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 
+use crate::host::run;
+pub use crate::host::{local_addresses, parse_ip_addr, run_with_input};
 use crate::iptables::{self, Config, Tables};
 use crate::model::ServicePort;
-use crate::{ipvs, nft_netlink, nftables};
+use crate::{ipvs, ipvs_dummy, ipvs_iptables, ipvs_netlink, nft_netlink, nftables};
 
 /// The outcome of one sync.
 #[derive(Clone, Debug, Default)]
@@ -35,27 +35,19 @@ pub trait Backend: Send {
     fn invalidate(&mut self);
 }
 
-/// Run `program args` feeding `input` on stdin; fail with its stderr.
-pub fn run_with_input(program: &str, args: &[&str], input: &str) -> anyhow::Result<String> {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {program}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.as_bytes()).with_context(|| format!("writing to {program}"))?;
+/// Insert each jump rule at the top of its chain unless `iptables -C` finds it there.
+pub fn ensure_jump_rules(rules: &[(&str, &str, Vec<String>)]) -> anyhow::Result<()> {
+    for (table, chain, args) in rules {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut check = vec!["-w", "-t", table, "-C", chain];
+        check.extend(&a);
+        if run("iptables", &check).is_err() {
+            let mut insert = vec!["-w", "-t", table, "-I", chain, "1"];
+            insert.extend(&a);
+            run("iptables", &insert)?;
+        }
     }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("{program} {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    run_with_input(program, args, "")
+    Ok(())
 }
 
 /// iptables mode: every chain on the first sync (and after a failure), then only the
@@ -103,17 +95,7 @@ impl Iptables {
     }
 
     fn ensure_jumps() -> anyhow::Result<()> {
-        for (table, chain, args) in iptables::jump_rules() {
-            let a: Vec<&str> = args.iter().map(String::as_str).collect();
-            let mut check = vec!["-w", "-t", table, "-C", chain];
-            check.extend(&a);
-            if run("iptables", &check).is_err() {
-                let mut insert = vec!["-w", "-t", table, "-I", chain, "1"];
-                insert.extend(&a);
-                run("iptables", &insert)?;
-            }
-        }
-        Ok(())
+        ensure_jump_rules(&iptables::jump_rules())
     }
 
     /// Remove the jump rules and every `KUBE-*` chain (`--cleanup`), in one restore.
@@ -229,17 +211,95 @@ impl Backend for Nftables {
     }
 }
 
-/// IPVS mode: computes the operations; refuses to start without `ip_vs`.
+/// IPVS mode: each sync makes `kube-ipvs0`'s addresses equal the Service addresses, writes
+/// the iptables helpers that changed ([`crate::ipvs_iptables`], `iptables-restore
+/// --noflush`), then sends the IPVS operations between what was applied and what is desired
+/// over generic netlink ([`ipvs_netlink::Connection`]). Refuses to start without `ip_vs`.
+/// After a failure everything is read again from the kernel: the device's addresses, the
+/// virtual servers on them and on the node addresses (an `IPVS_CMD_GET_SERVICE` dump and
+/// one `IPVS_CMD_GET_DEST` dump each), and the iptables chains are all rewritten.
 pub struct Ipvs {
     node_ips: Vec<std::net::Ipv4Addr>,
     scheduler: String,
-    applied: ipvs::State,
+    cfg: Config,
+    /// What the last successful sync left in the kernel; None at start and after a failure.
+    applied: Option<ipvs::State>,
+    /// The iptables helpers as written last; None: every chain is written again.
+    rules: Option<Tables>,
+    netlink: Option<ipvs_netlink::Connection>,
 }
 
 impl Ipvs {
-    pub fn new(node_ips: Vec<std::net::Ipv4Addr>, scheduler: String) -> anyhow::Result<Self> {
-        ipvs::check_kernel()?;
-        Ok(Ipvs { node_ips, scheduler, applied: ipvs::State::default() })
+    /// Checks the kernel first (the `IPVS` generic netlink family), before anything is written.
+    pub fn new(node_ips: Vec<std::net::Ipv4Addr>, scheduler: String, cfg: Config) -> anyhow::Result<Self> {
+        ipvs_netlink::check_kernel()?;
+        Ok(Ipvs { node_ips, scheduler, cfg, applied: None, rules: None, netlink: None })
+    }
+
+    /// The same without the kernel check: the integration test runs a sync's address and
+    /// iptables steps for real on kernels without IPVS (the netlink step then fails).
+    #[doc(hidden)]
+    pub fn unchecked(node_ips: Vec<std::net::Ipv4Addr>, scheduler: String, cfg: Config) -> Self {
+        Ipvs { node_ips, scheduler, cfg, applied: None, rules: None, netlink: None }
+    }
+
+    /// Remove `kube-ipvs0` and, where the kernel has IPVS, every virtual server (`--cleanup`,
+    /// as kube-proxy's, which flushes the IPVS table).
+    pub fn cleanup() -> anyhow::Result<()> {
+        ipvs_dummy::remove()?;
+        if ipvs_netlink::resolve_family(ipvs_netlink::IPVS_GENL_NAME)?.is_some() {
+            ipvs_netlink::Connection::open()?.flush()?;
+        }
+        Ok(())
+    }
+
+    fn try_sync(&mut self, ports: &[Arc<ServicePort>], stats: &mut SyncStats) -> anyhow::Result<()> {
+        let desired = ipvs::desired(ports, &self.node_ips, &self.scheduler);
+        stats.rules = desired.services.values().map(|(_, r)| 1 + r.len()).sum();
+        // 1. The Service addresses on kube-ipvs0.
+        let bound = match &self.applied {
+            Some(a) => a.bound.clone(),
+            None => ipvs_dummy::addresses()?,
+        };
+        let t = std::time::Instant::now();
+        if ipvs_dummy::sync(&bound, &desired.bound)? > 0 {
+            stats.wrote = true;
+        }
+        // 2. The iptables helpers.
+        let rules = ipvs_iptables::render(ports, &self.cfg, &self.node_ips);
+        let first = self.rules.is_none();
+        if let Some(input) = iptables::restore_input(self.rules.as_ref().unwrap_or(&Tables::default()), &rules) {
+            stats.bytes += input.len();
+            stats.wrote = true;
+            run_with_input("iptables-restore", &["-w", "--noflush"], &input)?;
+        }
+        if first {
+            ensure_jump_rules(&ipvs_iptables::jump_rules())?;
+        }
+        self.rules = Some(rules);
+        // 3. The virtual servers.
+        let conn = match self.netlink.as_mut() {
+            Some(c) => c,
+            None => self.netlink.insert(ipvs_netlink::Connection::open()?),
+        };
+        let current = match self.applied.take() {
+            Some(a) => a,
+            None => {
+                let node_ips = &self.node_ips;
+                let ours = |k: &ipvs::VsKey| {
+                    bound.contains(&k.addr) || desired.bound.contains(&k.addr) || node_ips.contains(&k.addr)
+                };
+                ipvs::State { services: conn.read(ours)?, bound: desired.bound.clone() }
+            }
+        };
+        let ops = ipvs::diff(&ipvs::State { bound: desired.bound.clone(), ..current }, &desired);
+        if !ops.is_empty() {
+            stats.wrote = true;
+            conn.apply(&ops)?;
+        }
+        stats.apply = t.elapsed();
+        self.applied = Some(desired);
+        Ok(())
     }
 }
 
@@ -249,44 +309,21 @@ impl Backend for Ipvs {
     }
 
     fn sync(&mut self, ports: &[Arc<ServicePort>]) -> anyhow::Result<SyncStats> {
-        let desired = ipvs::desired(ports, &self.node_ips, &self.scheduler);
-        let ops = ipvs::diff(&self.applied, &desired);
-        let messages: Vec<Vec<u8>> =
-            ops.iter().enumerate().filter_map(|(i, op)| crate::ipvs_netlink::encode(op, 0, i as u32)).collect();
-        // Sending them over a generic netlink socket is not implemented yet (no kernel with
-        // ip_vs here to test it on); `Ipvs::new` refuses to start without ip_vs anyway.
-        bail!(
-            "IPVS: {} operations ({} netlink messages) computed, but sending them to the kernel is not implemented",
-            ops.len(),
-            messages.len()
-        )
-    }
-
-    fn invalidate(&mut self) {
-        self.applied = ipvs::State::default();
-    }
-}
-
-/// The IPv4 addresses of this host (`ip -4 -o addr`), for `--nodeport-addresses` CIDRs.
-pub fn local_addresses() -> anyhow::Result<Vec<std::net::Ipv4Addr>> {
-    let out = run("ip", &["-4", "-o", "addr", "show"])?;
-    Ok(parse_ip_addr(&out))
-}
-
-/// Parse `ip -4 -o addr show` output into addresses.
-pub fn parse_ip_addr(out: &str) -> Vec<std::net::Ipv4Addr> {
-    let mut set = BTreeSet::new();
-    for line in out.lines() {
-        let mut it = line.split_whitespace();
-        while let Some(w) = it.next() {
-            if w == "inet" {
-                if let Some(ip) = it.next().and_then(|a| a.split('/').next()).and_then(|a| a.parse().ok()) {
-                    set.insert(ip);
-                }
+        let mut stats = SyncStats::default();
+        match self.try_sync(ports, &mut stats) {
+            Ok(()) => Ok(stats),
+            Err(e) => {
+                self.invalidate();
+                Err(e)
             }
         }
     }
-    set.into_iter().collect()
+
+    fn invalidate(&mut self) {
+        self.applied = None;
+        self.rules = None;
+        self.netlink = None;
+    }
 }
 
 /// Whether `ip` is inside `cidr` (`a.b.c.d/n`; a bare address is `/32`).

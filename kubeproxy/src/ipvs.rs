@@ -1,11 +1,12 @@
 //! IPVS mode as pure data: the virtual servers (cluster IPs, external/LB IPs, node ports on
 //! each node address) with their real servers, and the operations that move the kernel's
-//! IPVS table from one state to another ([`diff`]) — what would be sent over the generic
-//! netlink `IPVS` family. Addresses of virtual servers are bound to the `kube-ipvs0` dummy
-//! device, as Kubernetes does.
+//! IPVS table from one state to another ([`diff`]) — what [`crate::ipvs_netlink`] sends over
+//! the generic netlink `IPVS` family. Addresses of virtual servers are bound to the
+//! `kube-ipvs0` dummy device ([`address_changes`], [`crate::ipvs_dummy`]), as Kubernetes does.
 //!
-//! This machine's kernel has no `ip_vs` module: [`check_kernel`] makes the mode fail at
-//! start with a clear message there.
+//! `ipvs_netlink::check_kernel` asks the kernel's generic netlink controller for the `IPVS`
+//! family before anything is written: where the kernel has no `ip_vs` module the mode fails
+//! at start with a clear message.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -114,10 +115,18 @@ pub fn diff(current: &State, desired: &State) -> Vec<Op> {
                 cur_rs
             }
         };
-        for r in rs.difference(cur_rs) {
+        // A real server whose weight changed (one read back from the kernel with another
+        // weight) is deleted before it is added again: the kernel knows it by address and port.
+        let adds: Vec<&RealServer> = rs.difference(cur_rs).collect();
+        let (readded, gone): (Vec<&RealServer>, Vec<&RealServer>) =
+            cur_rs.difference(rs).partition(|old| adds.iter().any(|r| (r.addr, r.port) == (old.addr, old.port)));
+        for r in readded {
+            ops.push(Op::DeleteRealServer(key.clone(), r.clone()));
+        }
+        for r in adds {
             ops.push(Op::AddRealServer(key.clone(), r.clone()));
         }
-        for r in cur_rs.difference(rs) {
+        for r in gone {
             ops.push(Op::DeleteRealServer(key.clone(), r.clone()));
         }
     }
@@ -132,25 +141,24 @@ pub fn diff(current: &State, desired: &State) -> Vec<Op> {
     ops
 }
 
-/// Fail with a clear message when the kernel has no IPVS support.
-pub fn check_kernel() -> anyhow::Result<()> {
-    if std::path::Path::new("/proc/net/ip_vs").exists() {
-        return Ok(());
+/// A human description of an operation, for errors.
+pub fn describe(op: &Op) -> String {
+    let vs = |k: &VsKey| format!("{} {}:{}", k.protocol.lower(), k.addr, k.port);
+    match op {
+        Op::BindAddress(ip) => format!("bind {ip} to {DUMMY_DEVICE}"),
+        Op::UnbindAddress(ip) => format!("unbind {ip} from {DUMMY_DEVICE}"),
+        Op::AddVirtualServer(v) => format!("add virtual server {} (scheduler {})", vs(&v.key), v.scheduler),
+        Op::UpdateVirtualServer(v) => format!("update virtual server {} (scheduler {})", vs(&v.key), v.scheduler),
+        Op::DeleteVirtualServer(k) => format!("delete virtual server {}", vs(k)),
+        Op::AddRealServer(k, r) => format!("add real server {}:{} to {}", r.addr, r.port, vs(k)),
+        Op::DeleteRealServer(k, r) => format!("delete real server {}:{} from {}", r.addr, r.port, vs(k)),
     }
-    let modprobe = std::process::Command::new("modprobe").arg("ip_vs").output();
-    if std::path::Path::new("/proc/net/ip_vs").exists() {
-        return Ok(());
-    }
-    let detail = match modprobe {
-        Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
-        Err(e) => e.to_string(),
-    };
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    anyhow::bail!(
-        "can't use the IPVS proxier (virtual servers on {DUMMY_DEVICE}): the kernel module ip_vs is not available on kernel {} (modprobe ip_vs: {}); use --proxy-mode=iptables or --proxy-mode=nftables",
-        release.trim(),
-        if detail.is_empty() { "no output" } else { &detail }
-    )
+}
+
+/// The address changes that make `kube-ipvs0`'s addresses (`current`) equal `desired`:
+/// (to add, to delete), each sorted.
+pub fn address_changes(current: &BTreeSet<Ipv4Addr>, desired: &BTreeSet<Ipv4Addr>) -> (Vec<Ipv4Addr>, Vec<Ipv4Addr>) {
+    (desired.difference(current).copied().collect(), current.difference(desired).copied().collect())
 }
 
 #[cfg(test)]
@@ -210,6 +218,26 @@ mod tests {
     }
 
     #[test]
+    fn a_weight_change_deletes_before_adding_again() {
+        let one = desired(
+            &service_ports(&[simple_service("a", "10.96.0.1", 80)], &[simple_slice("a", &["10.0.0.1"], 80)], &node()),
+            &[],
+            "rr",
+        );
+        let key = VsKey { addr: ip("10.96.0.1"), port: 80, protocol: Protocol::Tcp };
+        let mut read_back = one.clone();
+        let (_, reals) = read_back.services.get_mut(&key).unwrap();
+        *reals = [RealServer { addr: ip("10.0.0.1"), port: 80, weight: 0 }].into();
+        assert_eq!(
+            diff(&read_back, &one),
+            [
+                Op::DeleteRealServer(key.clone(), RealServer { addr: ip("10.0.0.1"), port: 80, weight: 0 }),
+                Op::AddRealServer(key, RealServer { addr: ip("10.0.0.1"), port: 80, weight: 1 }),
+            ]
+        );
+    }
+
+    #[test]
     fn removed_service_deletes_virtual_server_and_unbinds() {
         let one = desired(&service_ports(&[simple_service("a", "10.96.0.1", 80)], &[], &node()), &[], "rr");
         let ops = diff(&one, &State::default());
@@ -230,10 +258,20 @@ mod tests {
     }
 
     #[test]
-    fn this_kernel_check_reports_clearly() {
-        match check_kernel() {
-            Ok(()) => assert!(std::path::Path::new("/proc/net/ip_vs").exists()),
-            Err(e) => assert!(e.to_string().contains("ip_vs"), "{e}"),
-        }
+    fn address_changes_add_missing_and_delete_stale() {
+        let set = |v: &[&str]| v.iter().map(|s| ip(s)).collect::<BTreeSet<_>>();
+        let (add, del) =
+            address_changes(&set(&["10.96.0.1", "10.96.0.2"]), &set(&["10.96.0.2", "10.96.0.3", "1.2.3.4"]));
+        assert_eq!(add, [ip("1.2.3.4"), ip("10.96.0.3")]);
+        assert_eq!(del, [ip("10.96.0.1")]);
+        assert_eq!(address_changes(&set(&["10.96.0.1"]), &set(&["10.96.0.1"])), (vec![], vec![]));
+    }
+
+    #[test]
+    fn operations_are_described_for_errors() {
+        let key = VsKey { addr: ip("10.96.0.1"), port: 80, protocol: Protocol::Tcp };
+        let rs = RealServer { addr: ip("10.0.0.1"), port: 8080, weight: 1 };
+        assert_eq!(describe(&Op::AddRealServer(key.clone(), rs)), "add real server 10.0.0.1:8080 to tcp 10.96.0.1:80");
+        assert_eq!(describe(&Op::DeleteVirtualServer(key)), "delete virtual server tcp 10.96.0.1:80");
     }
 }

@@ -165,6 +165,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 failed.push(format!("iptables: {e:#}"));
             }
         }
+        if which("ip").is_ok() {
+            if let Err(e) = backend::Ipvs::cleanup() {
+                failed.push(format!("ipvs: {e:#}"));
+            }
+        }
         if which("nft").is_ok() {
             if let Err(e) = backend::Nftables::cleanup() {
                 failed.push(format!("nftables: {e:#}"));
@@ -214,10 +219,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let backend: Box<dyn backend::Backend> = match proxy_mode.as_str() {
-        "ipvs" => Box::new(backend::Ipvs::new(
-            if nodeport_addresses.is_empty() { locals.clone() } else { nodeport_addresses.clone() },
-            args.ipvs_scheduler.clone(),
-        )?),
+        "ipvs" => {
+            // The node's addresses for node ports: not the Service addresses a previous run
+            // left on kube-ipvs0 (as kube-proxy, which leaves that device's addresses out).
+            let on_dummy = kubeproxy::ipvs_dummy::addresses().unwrap_or_default();
+            let node_ips = if nodeport_addresses.is_empty() { &locals } else { &nodeport_addresses };
+            let node_ips = node_ips.iter().copied().filter(|ip| !on_dummy.contains(ip)).collect();
+            Box::new(backend::Ipvs::new(node_ips, args.ipvs_scheduler.clone(), cfg)?)
+        }
         "nftables" => {
             which("nft")?;
             Box::new(backend::Nftables::new(cfg))

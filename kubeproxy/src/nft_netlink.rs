@@ -508,7 +508,7 @@ pub fn send(batch: &[u8]) -> anyhow::Result<()> {
     Connection::open()?.send(batch)
 }
 
-fn set_receive_timeout(socket: &netlink_sys::Socket, t: std::time::Duration) -> anyhow::Result<()> {
+pub(crate) fn set_receive_timeout(socket: &netlink_sys::Socket, t: std::time::Duration) -> anyhow::Result<()> {
     use std::os::fd::AsRawFd;
     let tv = libc::timeval { tv_sec: t.as_secs() as libc::time_t, tv_usec: t.subsec_micros() as libc::suseconds_t };
     // SAFETY: a valid socket descriptor and a timeval of the size given.

@@ -11,8 +11,7 @@ use anyhow::{Context, Result};
 /// `cloud-controller-manager`, built once per test process (`MINIK8S_CCM_BIN` overrides).
 pub fn ccm_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| crate::workspace_bin("cloud-controller-manager", "cloud-controller-manager", "MINIK8S_CCM_BIN"))
-        .clone()
+    BIN.get_or_init(|| crate::workspace_bin("cloud-controller-manager", "MINIK8S_CCM_BIN")).clone()
 }
 
 /// A running cloud-controller-manager.

@@ -9,7 +9,8 @@ pub fn repo() -> PathBuf {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).to_path_buf()
 }
 
-/// `scripts/cluster ARGS` with `MINIK8S_HOME=home`, debug builds and the apiserver on `port`:
+/// `scripts/cluster ARGS` with `MINIK8S_HOME=home`, debug builds (of the whole workspace, as
+/// the harness builds) and the apiserver on `port`:
 /// whether it succeeded, and its stdout followed by its stderr.
 pub fn script(home: &Path, port: u16, args: &[&str]) -> (bool, String) {
     let mut cmd = Command::new(repo().join("scripts/cluster"));
@@ -18,6 +19,9 @@ pub fn script(home: &Path, port: u16, args: &[&str]) -> (bool, String) {
         .args(args)
         .env("MINIK8S_HOME", home)
         .env("MINIK8S_PROFILE", "debug")
+        // The harness's one build of every binary (`crate::workspace_bins`), not a second
+        // variant of the components' dependencies.
+        .env("MINIK8S_BUILD_WORKSPACE", "1")
         .env("MINIK8S_PORT", port.to_string())
         .output()
         .unwrap_or_else(|e| panic!("cannot run scripts/cluster: {e}"));

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
@@ -18,25 +18,10 @@ use serde_json::json;
 
 use crate::{free_port, ApiServer};
 
-/// Build `controller-manager` once per test process. `MINIK8S_CONTROLLER_MANAGER_BIN`
+/// `controller-manager` (from [`crate::workspace_bins`]); `MINIK8S_CONTROLLER_MANAGER_BIN`
 /// overrides it.
 pub fn controller_manager_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("MINIK8S_CONTROLLER_MANAGER_BIN") {
-            return PathBuf::from(p);
-        }
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let status = crate::cargo_command()
-            .args(["build", "-q", "-p", "controller-manager", "--bin", "controller-manager"])
-            .current_dir(&root)
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run cargo build -p controller-manager: {e}"));
-        assert!(status.success(), "cargo build -p controller-manager failed");
-        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
-        target.join("debug").join("controller-manager")
-    })
-    .clone()
+    crate::workspace_bin("controller-manager", "MINIK8S_CONTROLLER_MANAGER_BIN")
 }
 
 /// A running controller-manager; killed on drop.

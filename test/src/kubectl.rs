@@ -4,31 +4,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
 
-/// Build `kubectl` once per test process and return its full path (`MINIK8S_KUBECTL_BIN`
-/// overrides it).
+/// Our `kubectl` (from [`crate::workspace_bins`]), its full path; `MINIK8S_KUBECTL_BIN`
+/// overrides it.
 pub fn our_kubectl() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("MINIK8S_KUBECTL_BIN") {
-            return PathBuf::from(p);
-        }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let status = crate::cargo_command()
-            .args(["build", "-q", "-p", "kubectl", "--bin", "kubectl"])
-            .current_dir(&root)
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run cargo build -p kubectl: {e}"));
-        assert!(status.success(), "cargo build -p kubectl failed");
-        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
-        let bin = target.join("debug").join("kubectl");
-        assert!(bin.exists(), "{} missing after build", bin.display());
-        bin.canonicalize().unwrap_or(bin)
-    })
-    .clone()
+    let bin = crate::workspace_bin("kubectl", "MINIK8S_KUBECTL_BIN");
+    bin.canonicalize().unwrap_or(bin)
 }
 
 /// The official kubectl: `MINIK8S_KUBECTL`, else the first `kubectl` on PATH that is not

@@ -55,24 +55,9 @@ pub fn require_docker() -> bool {
     ok
 }
 
-/// Build `kubelet` once per test process; `MINIK8S_KUBELET_BIN` overrides it.
+/// `kubelet` (from [`crate::workspace_bins`]); `MINIK8S_KUBELET_BIN` overrides it.
 pub fn kubelet_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("MINIK8S_KUBELET_BIN") {
-            return PathBuf::from(p);
-        }
-        let status = crate::cargo_command()
-            .args(["build", "-q", "-p", "kubelet", "--bin", "kubelet"])
-            .current_dir(workspace())
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run cargo build -p kubelet: {e}"));
-        assert!(status.success(), "cargo build -p kubelet failed");
-        let target =
-            std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| workspace().join("target"));
-        target.join("debug").join("kubelet")
-    })
-    .clone()
+    crate::workspace_bin("kubelet", "MINIK8S_KUBELET_BIN")
 }
 
 /// The kubelet's bridge name for a node (same hash as kubelet/src/network.rs).

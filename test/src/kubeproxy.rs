@@ -7,31 +7,15 @@
 //!
 //! Everything is removed on drop (deleting a namespace deletes its veths and rules).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
 
-/// Build `kubeproxy` once per test process and return its path (`MINIK8S_KUBEPROXY_BIN` overrides).
+/// `kubeproxy` (from [`crate::workspace_bins`]); `MINIK8S_KUBEPROXY_BIN` overrides it.
 pub fn kubeproxy_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("MINIK8S_KUBEPROXY_BIN") {
-            return PathBuf::from(p);
-        }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let status = crate::cargo_command()
-            .args(["build", "-q", "-p", "kubeproxy", "--bin", "kubeproxy"])
-            .current_dir(&root)
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run cargo build -p kubeproxy: {e}"));
-        assert!(status.success(), "cargo build -p kubeproxy failed");
-        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root.join("target"));
-        target.join("debug").join("kubeproxy")
-    })
-    .clone()
+    crate::workspace_bin("kubeproxy", "MINIK8S_KUBEPROXY_BIN")
 }
 
 /// Whether the prerequisites are here. Under `CI=true` a missing one fails the test;

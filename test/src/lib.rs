@@ -39,25 +39,43 @@ pub fn target_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target")
 }
 
-/// Build `apiserver` once per test process (cargo's lock serializes concurrent builds) and
-/// return the binary's path. `MINIK8S_APISERVER_BIN` overrides it.
-pub fn apiserver_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("MINIK8S_APISERVER_BIN") {
-            return PathBuf::from(p);
-        }
+/// Build every binary of the workspace once per test process (cargo's lock serializes
+/// concurrent builds) and return the directory that holds them (`target/debug`).
+///
+/// One build, with the whole workspace's features, for every binary a test runs: cargo
+/// resolves features per build, so `cargo build -p apiserver` alone compiled kube without
+/// the features other members enable (and storage without `test-support`) — a second
+/// variant of kube and of everything above it, rebuilt by the first test that asked (~100 s
+/// in CI), and again for each other component built alone. `cargo build --workspace` is
+/// what a clean checkout's first build runs, so after it this only checks and links.
+pub fn workspace_bins() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
         let status = crate::cargo_command()
-            .args(["build", "-q", "-p", "apiserver", "--bin", "apiserver"])
+            .args(["build", "-q", "--workspace", "--bins"])
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
             .status()
-            .unwrap_or_else(|e| panic!("cannot run cargo build -p apiserver: {e}"));
-        assert!(status.success(), "cargo build -p apiserver failed");
-        let bin = target_dir().join("debug").join("apiserver");
-        assert!(bin.exists(), "{} missing after build", bin.display());
-        bin
+            .unwrap_or_else(|e| panic!("cannot run cargo build --workspace --bins: {e}"));
+        assert!(status.success(), "cargo build --workspace --bins failed");
+        target_dir().join("debug")
     })
     .clone()
+}
+
+/// The workspace binary `bin` (built by [`workspace_bins`]); the environment variable
+/// `env_override` names another.
+pub fn workspace_bin(bin: &str, env_override: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(env_override) {
+        return PathBuf::from(p);
+    }
+    let path = workspace_bins().join(bin);
+    assert!(path.exists(), "{} missing after the build", path.display());
+    path
+}
+
+/// `apiserver`; `MINIK8S_APISERVER_BIN` overrides it.
+pub fn apiserver_bin() -> PathBuf {
+    workspace_bin("apiserver", "MINIK8S_APISERVER_BIN")
 }
 
 /// A `cargo` command for building workspace binaries from inside a test: without the
@@ -95,35 +113,18 @@ pub fn strip_test_env(cmd: &mut Command) {
     }
 }
 
-/// Build a workspace binary once per test process (cargo's lock serializes concurrent
-/// builds) and return its path; the environment variable `env_override` names another.
-pub fn workspace_bin(package: &str, bin: &str, env_override: &str) -> PathBuf {
-    if let Ok(p) = std::env::var(env_override) {
-        return PathBuf::from(p);
-    }
-    let status = crate::cargo_command()
-        .args(["build", "-q", "-p", package, "--bin", bin])
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run cargo build -p {package}: {e}"));
-    assert!(status.success(), "cargo build -p {package} failed");
-    let path = target_dir().join("debug").join(bin);
-    assert!(path.exists(), "{} missing after build", path.display());
-    path
-}
-
 /// `device-plugin` (the sample and NVIDIA device plugins); `MINIK8S_DEVICE_PLUGIN_BIN`
 /// overrides it.
 pub fn device_plugin_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| workspace_bin("device-plugin", "device-plugin", "MINIK8S_DEVICE_PLUGIN_BIN")).clone()
+    BIN.get_or_init(|| workspace_bin("device-plugin", "MINIK8S_DEVICE_PLUGIN_BIN")).clone()
 }
 
 /// `minik8s-supervisor` (whose `certs` command makes a cluster's PKI);
 /// `MINIK8S_SUPERVISOR_BIN` overrides it.
 pub fn supervisor_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| workspace_bin("supervisor", "minik8s-supervisor", "MINIK8S_SUPERVISOR_BIN")).clone()
+    BIN.get_or_init(|| workspace_bin("minik8s-supervisor", "MINIK8S_SUPERVISOR_BIN")).clone()
 }
 
 /// `minik8s-supervisor certs init --dir DIR --server SERVER --node N…`: a cluster CA, the

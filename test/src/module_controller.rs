@@ -7,7 +7,6 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -22,23 +21,13 @@ fn target_dir() -> PathBuf {
     std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| root().join("target"))
 }
 
-/// Build the `module-controller` package (both binaries) once; the `target/debug` dir.
+/// The directory of the `module-controller` package's two binaries ([`crate::workspace_bins`]).
 /// `MINIK8S_MODULE_CONTROLLER_DIR` overrides it (a directory holding both binaries).
 pub fn bin_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        if let Ok(d) = std::env::var("MINIK8S_MODULE_CONTROLLER_DIR") {
-            return PathBuf::from(d);
-        }
-        let status = crate::cargo_command()
-            .args(["build", "-q", "-p", "module-controller", "--bins"])
-            .current_dir(root())
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run cargo build -p module-controller: {e}"));
-        assert!(status.success(), "cargo build -p module-controller failed");
-        target_dir().join("debug")
-    })
-    .clone()
+    match std::env::var("MINIK8S_MODULE_CONTROLLER_DIR") {
+        Ok(d) => PathBuf::from(d),
+        Err(_) => crate::workspace_bins(),
+    }
 }
 
 /// Whether a prerequisite program is installed; under `CI=true` a missing one panics.

@@ -1,36 +1,17 @@
 //! Start the real `scheduler` binary against a test apiserver, and build Nodes and Pods
 //! for scheduler tests.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use crate::{free_port, ApiServer};
 
-/// Build `scheduler` once per test process and return the binary. `MINIK8S_SCHEDULER_BIN` overrides it.
+/// `scheduler` (from [`crate::workspace_bins`]); `MINIK8S_SCHEDULER_BIN` overrides it.
 pub fn scheduler_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("MINIK8S_SCHEDULER_BIN") {
-            return PathBuf::from(p);
-        }
-        let status = crate::cargo_command()
-            .args(["build", "-q", "-p", "scheduler", "--bin", "scheduler"])
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run cargo build -p scheduler: {e}"));
-        assert!(status.success(), "cargo build -p scheduler failed");
-        let dir = std::env::var("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target"));
-        let bin = dir.join("debug").join("scheduler");
-        assert!(bin.exists(), "{} missing after build", bin.display());
-        bin
-    })
-    .clone()
+    crate::workspace_bin("scheduler", "MINIK8S_SCHEDULER_BIN")
 }
 
 /// A running scheduler process; killed on drop.

@@ -14,7 +14,7 @@ use crate::{free_port, workspace_bin, ApiServer};
 /// `tenant-proxy`, built once per test process (`MINIK8S_TENANT_PROXY_BIN` overrides it).
 pub fn tenant_proxy_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| workspace_bin("tenant-proxy", "tenant-proxy", "MINIK8S_TENANT_PROXY_BIN")).clone()
+    BIN.get_or_init(|| workspace_bin("tenant-proxy", "MINIK8S_TENANT_PROXY_BIN")).clone()
 }
 
 pub struct TenantProxy {

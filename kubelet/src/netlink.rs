@@ -429,10 +429,14 @@ pub async fn delete_neighbour(idx: u32, ip: Ipv4Addr) -> Result<()> {
     m.header.family = AddressFamily::Inet;
     m.header.ifindex = idx;
     m.attributes.push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+    delete_neighbour_message(&h, m).await.with_context(|| format!("ip neigh del {ip}"))
+}
+
+/// Delete the neighbour (or forwarding) entry `m` names; one already gone is fine.
+async fn delete_neighbour_message(h: &Handle, m: NeighbourMessage) -> Result<(), rtnetlink::Error> {
     match h.neighbours().del(m).execute().await {
-        Ok(()) => Ok(()),
         Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENOENT => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("ip neigh del {ip}")),
+        other => other,
     }
 }
 
@@ -491,9 +495,5 @@ pub async fn delete_fdb(idx: u32, mac: Mac) -> Result<()> {
     m.header.ifindex = idx;
     m.header.flags = NeighbourFlags::Own;
     m.attributes.push(NeighbourAttribute::LinkLocalAddress(mac.0.to_vec()));
-    match h.neighbours().del(m).execute().await {
-        Ok(()) => Ok(()),
-        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENOENT => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("bridge fdb del {mac}")),
-    }
+    delete_neighbour_message(&h, m).await.with_context(|| format!("bridge fdb del {mac}"))
 }

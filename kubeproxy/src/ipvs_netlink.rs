@@ -475,7 +475,9 @@ impl Connection {
             let mut batch = Vec::new();
             for op in chunk {
                 let seq = self.next_seq();
-                batch.extend(encode(op, self.family, seq).expect("IPVS ops encode"));
+                let message = encode(op, self.family, seq)
+                    .ok_or_else(|| anyhow::anyhow!("no IPVS message for {}", crate::ipvs::describe(op)))?;
+                batch.extend(message);
             }
             let sent = self
                 .socket

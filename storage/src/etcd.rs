@@ -27,7 +27,8 @@
 //!   get the periodic notifications. Each progress becomes [`WatchItem::Progress`] and the
 //!   revision a broken watch is re-created from.
 //! - Every unary call is bounded by a request timeout; while etcd is unreachable calls fail
-//!   with [`Error::Unavailable`]. The underlying tonic channel redials by itself.
+//!   with [`Error::Unavailable`]. The gRPC transport ([`crate::etcd_channel`]: one HTTP/2
+//!   connection per member, a unary call in one write) redials by itself.
 //! - Several endpoints (the members of one cluster) get a connection each, and requests go
 //!   to one of them, the pinned member, as etcd's own Go client pins an endpoint. A request
 //!   that finds it unreachable, without a leader or not answering moves the pin to the next
@@ -75,6 +76,7 @@ use etcd_client::{
 };
 use futures::StreamExt;
 
+use crate::etcd_channel;
 use crate::*;
 
 /// Default bound on one etcd request (and on establishing a connection).
@@ -281,7 +283,7 @@ fn classify(what: &str, e: etcd_client::Error) -> Failure {
     }
 }
 
-/// gRPC status codes (numeric, so that tonic need not be a direct dependency).
+/// gRPC status codes (numeric: the codes etcd-client's errors carry).
 mod grpc_code {
     pub const CANCELLED: i32 = 1;
     pub const UNKNOWN: i32 = 2;
@@ -353,31 +355,32 @@ impl EtcdStore {
         if endpoints.is_empty() {
             return Err(Error::InvalidRequest("no etcd endpoints given".into()));
         }
-        let options = ConnectOptions::new()
-            .with_require_leader(true)
-            .with_connect_timeout(opts.connect_timeout)
-            .with_timeout(opts.request_timeout)
-            .with_keep_alive(opts.keep_alive_interval, opts.request_timeout)
-            // Only ping while streams (watches) are open: etcd's keepalive policy answers
-            // pings on an idle connection with GOAWAY "too_many_pings".
-            .with_keep_alive_while_idle(false);
-        let options = match &opts.tls {
-            None => options,
-            Some(tls) => {
-                let mut t = etcd_client::TlsOptions::new();
-                if let Some(ca) = &tls.ca {
-                    t = t.ca_certificate(etcd_client::Certificate::from_pem(ca));
-                }
-                if let Some((cert, key)) = &tls.identity {
-                    t = t.identity(etcd_client::Identity::from_pem(cert, key));
-                }
-                options.with_tls(t)
-            }
+        let options = ConnectOptions::new().with_require_leader(true);
+        let tls = match &opts.tls {
+            None => None,
+            Some(tls) => Some(
+                etcd_channel::tls_connector(
+                    tls.ca.as_deref(),
+                    tls.identity.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice())),
+                )
+                .map_err(Error::InvalidRequest)?,
+            ),
         };
         // Connections are made lazily: a member that is down now is only dialled when pinned.
         let mut members = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
-            let client = call(opts.request_timeout, "connect", Client::connect([endpoint], Some(options.clone())))
+            let (scheme, authority) =
+                etcd_channel::Target::parse(endpoint, tls.clone()).map_err(Error::InvalidRequest)?;
+            let channel = etcd_channel::H2Channel::new(etcd_channel::Target {
+                scheme,
+                authority,
+                tls: tls.clone(),
+                connect_timeout: opts.connect_timeout,
+                keep_alive: opts.keep_alive_interval,
+                ping_timeout: opts.request_timeout,
+            });
+            let channel = etcd_client::Channel::Custom(tower::util::BoxCloneSyncService::new(channel));
+            let client = call(opts.request_timeout, "connect", Client::from_channel(channel, Some(options.clone())))
                 .await
                 .map_err(|f| f.into_error("connect"))?;
             members.push(Member {

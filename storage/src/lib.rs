@@ -30,6 +30,7 @@ use futures::Stream;
 pub mod compactor;
 pub mod embedded;
 pub mod etcd;
+mod etcd_channel;
 /// A real etcd started in a temporary directory, for tests and benchmarks.
 #[cfg(feature = "test-support")]
 pub mod etcd_test_server;

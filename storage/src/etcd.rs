@@ -3,6 +3,10 @@
 //! # Mapping onto etcd
 //!
 //! - `range` is one linearizable etcd Range over `[start or prefix, prefix_end(prefix))`.
+//! - `get` (one key) is a Range of that key, coalesced ([`crate::coalesce`]): while two reads
+//!   are out, reads that arrive queue and leave together as one read-only Txn of Ranges, which
+//!   etcd serves as it serves a Range. A queued read can wait for an out one, so its bound is
+//!   up to twice the request timeout.
 //! - `txn` is one etcd Txn: `ModRevision(key) == r` per compare (`CreateRevision(key) == 0`
 //!   for r = 0, i.e. "absent"); the success branch runs the Put/Delete ops with `prev_kv`, the
 //!   failure branch Gets every compared key, so both outcomes take a single round trip.
@@ -76,6 +80,7 @@ use etcd_client::{
 };
 use futures::StreamExt;
 
+use crate::coalesce::Coalescer;
 use crate::etcd_channel;
 use crate::*;
 
@@ -85,6 +90,11 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Responses can hold many 1.5 MiB values (a range, or a watch batch with previous values):
 /// accept anything etcd is willing to send (its own limit is `math.MaxInt32`).
 const MAX_DECODING_MESSAGE_SIZE: usize = i32::MAX as usize;
+
+/// Single-key reads coalesced into one request: at most this many keys, and this many such
+/// requests in flight at once.
+const MAX_READ_BATCH: usize = 128;
+const READS_IN_FLIGHT: usize = 2;
 
 /// A key nobody uses, for cheap count-only probes (`current_revision`, compaction discovery).
 const PROBE_KEY: &[u8] = b"\0minik8s-probe";
@@ -155,6 +165,9 @@ pub struct EtcdStore {
     compacted: Arc<AtomicI64>,
     /// Whether watches with progress ask etcd for it (see the module docs).
     request_progress: bool,
+    /// Single-key reads, coalesced: those that arrive while others are in flight share one
+    /// read-only Txn (see `read_keys`).
+    reads: Coalescer<String, Result<(Revision, Option<KeyValue>)>>,
 }
 
 /// One connection per etcd endpoint, and the pinned one requests go to (see the module docs).
@@ -330,6 +343,61 @@ fn progress_requests_trusted(version: &str) -> bool {
     }
 }
 
+/// Read `keys` (exact keys, latest revision): one Range for a lone key, else one read-only
+/// Txn of a Range per key, which etcd serves as it serves a Range (linearizable, no Raft
+/// proposal). An answer per key, in order.
+async fn read_keys(
+    members: &Members,
+    timeout: Duration,
+    keys: Vec<String>,
+) -> Vec<Result<(Revision, Option<KeyValue>)>> {
+    let n = keys.len();
+    let answers = async {
+        if let [key] = keys.as_slice() {
+            let resp = members
+                .call(timeout, "range", |m| {
+                    let (mut kv, key) = (m.kv.clone(), key.clone());
+                    async move { kv.get(key, None).await }
+                })
+                .await
+                .map_err(|f| f.into_error("range"))?
+                .0;
+            let revision = header_revision(resp.header.as_ref(), "range")?;
+            let kv = resp.kvs.into_iter().next().map(kv_from_pb).transpose()?;
+            return Ok(vec![Ok((revision, kv))]);
+        }
+        let request =
+            etcd_client::Txn::new().and_then(keys.iter().map(|k| TxnOp::get(k.as_str(), None)).collect::<Vec<_>>());
+        let resp = members
+            .call(timeout, "range", |m| {
+                let (mut kv, request) = (m.kv.clone(), request.clone());
+                async move { kv.txn(request).await }
+            })
+            .await
+            .map_err(|f| f.into_error("range"))?
+            .0;
+        let revision = header_revision(resp.header.as_ref(), "range")?;
+        let mut out = Vec::with_capacity(n);
+        for (key, r) in keys.iter().zip(resp.responses) {
+            match r.response {
+                Some(PbTxnOpResponse::ResponseRange(r)) => {
+                    let kv = r.kvs.into_iter().find(|kv| kv.key == key.as_bytes()).map(kv_from_pb).transpose();
+                    out.push(kv.map(|kv| (revision, kv)));
+                }
+                other => {
+                    out.push(Err(Error::Internal(format!("etcd range: unexpected response {other:?} for {key:?}"))))
+                }
+            }
+        }
+        Ok::<_, Error>(out)
+    };
+    match answers.await {
+        Ok(out) if out.len() == n => out,
+        Ok(out) => vec![Err(Error::Internal(format!("etcd range: {} answers for {n} keys", out.len()))); n],
+        Err(e) => vec![Err(e); n],
+    }
+}
+
 /// Run one etcd call under the request timeout.
 async fn call<T>(
     timeout: Duration,
@@ -412,7 +480,14 @@ impl EtcdStore {
                 trusted
             }
         };
-        let store = EtcdStore { members, opts, compacted: Arc::new(AtomicI64::new(0)), request_progress };
+        let reads = {
+            let (members, timeout) = (members.clone(), opts.request_timeout);
+            Coalescer::new(MAX_READ_BATCH, READS_IN_FLIGHT, move |keys| {
+                let members = members.clone();
+                async move { read_keys(&members, timeout, keys).await }
+            })
+        };
+        let store = EtcdStore { members, opts, compacted: Arc::new(AtomicI64::new(0)), request_progress, reads };
         // Check that etcd answers, and learn how far it has been compacted.
         let compacted = store.refresh_compacted().await?;
         tracing::info!(?endpoints, compacted, request_progress, "connected to etcd");
@@ -521,6 +596,16 @@ impl EtcdStore {
 
 #[async_trait]
 impl Store for EtcdStore {
+    async fn get(&self, key: &str) -> Result<(Revision, Option<KeyValue>)> {
+        if key.is_empty() {
+            return Err(Error::InvalidRequest("empty key".into()));
+        }
+        self.reads
+            .call(key.to_string())
+            .await
+            .unwrap_or_else(|| Err(Error::Unavailable("etcd reads: shutting down".into())))
+    }
+
     async fn current_revision(&self) -> Result<Revision> {
         self.probe_at(0).await.map_err(|f| f.into_error("range"))
     }

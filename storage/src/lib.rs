@@ -27,6 +27,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::Stream;
 
+mod coalesce;
 pub mod compactor;
 pub mod embedded;
 pub mod etcd;

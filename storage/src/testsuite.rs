@@ -29,7 +29,7 @@ macro_rules! conformance_tests {
             crud_and_revisions, range_prefix_limit_start, range_at_past_revision, txn_is_all_or_nothing,
             watch_delivers_changes_with_prev, watch_resumes_from_every_revision, compaction,
             large_values, ten_thousand_keys, concurrent_writers_lose_nothing, slow_watcher_loses_nothing,
-            watch_progress_on_quiet_prefix, watch_progress_is_ordered);
+            watch_progress_on_quiet_prefix, watch_progress_is_ordered, concurrent_reads_see_completed_writes);
     };
     (@each $fixture:path; $($name:ident),*) => {
         $(
@@ -383,6 +383,39 @@ pub async fn concurrent_writers_lose_nothing(store: Arc<dyn Store>) {
     all.sort();
     all.dedup();
     assert_eq!(all.len(), 400, "every successful write has its own revision");
+}
+
+/// Many concurrent single-key reads (which a backend may coalesce into one request) each
+/// see every write completed before they were issued, and only their own key: `/r/a1`
+/// is not an answer for `/r/a`.
+pub async fn concurrent_reads_see_completed_writes(store: Arc<dyn Store>) {
+    store.create("/r/a1", b("a1")).await.unwrap();
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..20 {
+                let key = format!("/r/t{t}/{i}");
+                let created = store.create(&key, b(&key)).await.unwrap();
+                let (read_at, kv) = store.get(&key).await.unwrap();
+                let kv = kv.unwrap_or_else(|| panic!("{key} created at {created} but not read back"));
+                assert_eq!(
+                    (kv.key.as_str(), kv.value.as_ref(), kv.mod_revision),
+                    (key.as_str(), key.as_bytes(), created)
+                );
+                assert!(read_at >= created, "read of {key} at revision {read_at}, before its write {created}");
+                let updated = store.update(&key, b("second"), created).await.unwrap();
+                assert_eq!(store.get(&key).await.unwrap().1.unwrap().mod_revision, updated);
+                let (_, absent) = store.get("/r/a").await.unwrap();
+                assert!(absent.is_none(), "/r/a does not exist; got {absent:?}");
+                store.delete(&key, Some(updated)).await.unwrap();
+                assert!(store.get(&key).await.unwrap().1.is_none(), "{key} read back after its delete");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
 }
 
 pub async fn slow_watcher_loses_nothing(store: Arc<dyn Store>) {

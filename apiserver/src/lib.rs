@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use storage::Store;
 
 pub mod admission;
+pub mod aggregator;
 pub mod authn;
 pub mod authz;
 pub mod bootstraptoken;
@@ -79,6 +80,11 @@ pub struct Options {
     /// `--endpoint-reconciler-type`: whether this apiserver keeps the `kubernetes` Service's
     /// endpoints (with a lease, beside any other apiserver of the store) or leaves them be.
     pub endpoint_reconciler: bool,
+    /// `--proxy-client-cert-file` and `--proxy-client-key-file`: the client certificate
+    /// presented to aggregated API servers.
+    pub proxy_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// How often every aggregated APIService's availability is checked again.
+    pub aggregator_resync: std::time::Duration,
 }
 
 impl Options {
@@ -109,6 +115,8 @@ impl Default for Options {
             anonymous: authn::Anonymous::PublicPaths,
             etcd: false,
             endpoint_reconciler: true,
+            proxy_client: None,
+            aggregator_resync: aggregator::DEFAULT_RESYNC,
         }
     }
 }
@@ -121,6 +129,15 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
     let port_range = ipalloc::PortRange::parse(&opts.service_node_port_range).map_err(anyhow::Error::msg)?;
     let config = registry::ClusterConfig { service_cluster_ip_range: ip_range, service_node_port_range: port_range };
     let registry = Arc::new(Registry::new(store.clone(), config));
+    let proxy_identity = match &opts.proxy_client {
+        Some((cert, key)) => Some((
+            common::tls::read_certificates("--proxy-client-cert-file", cert)?,
+            common::tls::read_private_key("--proxy-client-key-file", key)?,
+        )),
+        None => None,
+    };
+    let aggregator = aggregator::Aggregator::new(registry.clone(), proxy_identity, opts.aggregator_resync)
+        .map_err(anyhow::Error::msg)?;
     Ok(Arc::new(server::AppState {
         registry: registry.clone(),
         caches: Arc::new(watch::WatchCaches::new(store, opts.watch_cache_size)),
@@ -138,6 +155,7 @@ pub fn build_state(store: Arc<dyn Store>, opts: &Options) -> anyhow::Result<Arc<
         authz: Arc::new(authz::Authorizer::new(opts.authorization_modes.clone())),
         webhooks: webhook::Webhooks::new(registry.store.clone()),
         etcd: opts.etcd,
+        aggregator,
     }))
 }
 
@@ -220,6 +238,12 @@ pub fn local_apiservices() -> Vec<Value> {
                          "versionPriority": version_priority}})
         })
         .collect()
+}
+
+/// Start API aggregation: the routing table of aggregated APIServices is in place when this
+/// returns (run it before serving), their availability checked from then on.
+pub async fn start_aggregation(state: &server::AppState) -> Result<(), error::ApiError> {
+    state.aggregator.start().await
 }
 
 /// Start what the configured authorizers need (the RBAC index, the Node authorizer's

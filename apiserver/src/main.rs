@@ -155,6 +155,17 @@ struct Args {
     /// for tests: kube-apiserver has no such flag and bookmarks about once a minute.
     #[arg(long, default_value = "1m", hide = true)]
     watch_bookmark_interval: String,
+    /// Client certificate (PEM) presented to aggregated API servers (the APIServices that
+    /// name a Service) when requests are proxied to them and their availability is checked.
+    #[arg(long, requires = "proxy_client_key_file")]
+    proxy_client_cert_file: Option<PathBuf>,
+    /// Key of --proxy-client-cert-file.
+    #[arg(long, requires = "proxy_client_cert_file")]
+    proxy_client_key_file: Option<PathBuf>,
+    /// How often every aggregated APIService's availability is checked again (Go duration).
+    /// Internal, for tests: kube-aggregator resyncs every 30 s.
+    #[arg(long, default_value = "30s", hide = true)]
+    aggregator_resync_interval: String,
     /// Log level or tracing filter (error, warn, info, debug, trace, or e.g. "apiserver=debug").
     #[arg(short = 'v', long = "log-level", default_value = "info")]
     log_level: String,
@@ -275,6 +286,9 @@ async fn main() -> anyhow::Result<()> {
     let watch_bookmark_interval = apiserver::parse_go_duration(&args.watch_bookmark_interval)
         .map_err(|e| anyhow::anyhow!("invalid --watch-bookmark-interval: {e}"))?;
     anyhow::ensure!(!watch_bookmark_interval.is_zero(), "--watch-bookmark-interval must be positive");
+    let aggregator_resync = apiserver::parse_go_duration(&args.aggregator_resync_interval)
+        .map_err(|e| anyhow::anyhow!("invalid --aggregator-resync-interval: {e}"))?;
+    anyhow::ensure!(!aggregator_resync.is_zero(), "--aggregator-resync-interval must be positive");
     let opts = apiserver::Options {
         service_cluster_ip_range: args.service_cluster_ip_range.clone(),
         service_node_port_range: args.service_node_port_range.clone(),
@@ -295,6 +309,8 @@ async fn main() -> anyhow::Result<()> {
         authorization_modes,
         etcd: args.etcd_servers.iter().any(|s| !s.is_empty()),
         endpoint_reconciler: args.endpoint_reconciler_type == "lease",
+        proxy_client: args.proxy_client_cert_file.clone().zip(args.proxy_client_key_file.clone()),
+        aggregator_resync,
     };
     let state = apiserver::build_state(store, &opts)?;
     let _crds = apiserver::crds::spawn(state.registry.clone());
@@ -316,6 +332,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     apiserver::start_authorization(&state).await.context("starting authorization")?;
+    apiserver::start_aggregation(&state).await.context("starting API aggregation")?;
     // The lease that keeps this apiserver in the kubernetes Service's endpoints, renewed
     // until shutdown, when it takes this apiserver out of them.
     let reconciler = opts

@@ -51,6 +51,8 @@ pub struct AppState {
     pub webhooks: Arc<crate::webhook::Webhooks>,
     /// Whether the store is etcd (ComponentStatus names it `etcd-0`).
     pub etcd: bool,
+    /// API aggregation: the APIServices served by other API servers.
+    pub aggregator: Arc<crate::aggregator::Aggregator>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -248,9 +250,12 @@ async fn dispatch(State(state): State<Arc<AppState>>, req: Request) -> Response 
     let query: HashMap<String, String> = parts.uri.query().map(requestinfo::form_urlencoded_pairs).unwrap_or_default();
     let target = requestinfo::parse(parts.uri.path());
     let (verb, group, resource, sub) = metric_labels(&parts.method, &target, &query);
-    let result = match &target {
+    let aggregated = state.aggregator.serving(parts.uri.path());
+    let result = match (&target, aggregated) {
+        // A group-version of an aggregated API server: proxied to it.
+        (_, Some(entry)) => Ok(state.aggregator.handle(entry, &mut parts, body).await),
         // pods/exec, attach, portforward: long-running upgrades proxied to the kubelet.
-        Some(Target::Resource(rp)) if pod::proxy::is_stream_subresource(rp) => {
+        (Some(Target::Resource(rp)), None) if pod::proxy::is_stream_subresource(rp) => {
             let rp = rp.clone();
             match (core_resource("pods"), core_resource("nodes")) {
                 (Ok(pods), Ok(nodes)) => pod::proxy::stream(&state.registry, pods, nodes, &mut parts, &rp).await,
@@ -258,11 +263,11 @@ async fn dispatch(State(state): State<Arc<AppState>>, req: Request) -> Response 
             }
         }
         // Access and identity reviews: answered, never stored.
-        Some(Target::Resource(rp)) if crate::reviews::serves(&rp.group) => {
+        (Some(Target::Resource(rp)), None) if crate::reviews::serves(&rp.group) => {
             let user = parts.extensions.get::<crate::authn::UserInfo>();
             review(&state, &parts.method, &parts.headers, rp, user, body).await
         }
-        _ => {
+        (_, None) => {
             let user = parts.extensions.get::<crate::authn::UserInfo>();
             route(&state, &parts.method, &parts.headers, &query, target, user, body).await
         }
@@ -305,8 +310,12 @@ async fn route(
     match target {
         None => Err(not_found_path()),
         Some(Target::CoreVersions) => discovery(Some(crate::discovery::api_versions(&state.server_address))),
-        Some(Target::Groups) => discovery(Some(crate::discovery::api_group_list())),
-        Some(Target::Group(g)) => discovery(crate::discovery::api_group(&g)),
+        Some(Target::Groups) => {
+            let mut list = crate::discovery::api_group_list();
+            state.aggregator.add_groups(&mut list);
+            discovery(Some(list))
+        }
+        Some(Target::Group(g)) => discovery(state.aggregator.group(&g, crate::discovery::api_group(&g))),
         Some(Target::ResourceList { group, version }) => {
             discovery(crate::discovery::api_resource_list(&group, &version))
         }

@@ -45,6 +45,34 @@ fn v2_and_v3_documents_describe_every_served_kind() -> Result<()> {
     Ok(())
 }
 
+/// Enum-typed fields carry their values as kube-apiserver's documents do, and the official
+/// kubectl shows them (`ENUM:` under the field, `enum:` in field lists).
+#[test]
+fn enum_typed_fields_reach_kubectl_explain() -> Result<()> {
+    let server = ApiServer::start()?;
+    let core = raw(server.port, "GET", "/openapi/v3/api/v1", None, b"")?.json();
+    let restart = &core["components"]["schemas"]["io.k8s.api.core.v1.PodSpec"]["properties"]["restartPolicy"];
+    ensure!(restart["enum"] == serde_json::json!(["Always", "Never", "OnFailure"]), "{restart}");
+    let v2 = raw(server.port, "GET", "/openapi/v2", None, b"")?.json();
+    let pull = &v2["definitions"]["io.k8s.api.core.v1.Container"]["properties"]["imagePullPolicy"];
+    ensure!(pull["enum"] == serde_json::json!(["Always", "IfNotPresent", "Never"]), "{pull}");
+    let out = server.kubectl(&["explain", "pod.spec.restartPolicy"])?;
+    ensure!(out.ok, "{out:?}");
+    ensure!(
+        out.stdout.contains("FIELD: restartPolicy <string>\nENUM:\n    Always\n    Never\n    OnFailure\n"),
+        "{}",
+        out.stdout
+    );
+    ensure!(out.stdout.contains("Possible enum values:\n     - `\"Always\"`"), "{}", out.stdout);
+    let out = server.kubectl(&["explain", "service.spec"])?;
+    ensure!(
+        out.stdout.contains("  type\t<string>\n  enum: ClusterIP, ExternalName, LoadBalancer, NodePort\n"),
+        "{}",
+        out.stdout
+    );
+    Ok(())
+}
+
 #[test]
 fn documents_are_cached_by_etag() -> Result<()> {
     let server = ApiServer::start()?;

@@ -119,6 +119,7 @@ fn definitions() -> (Map<String, Value>, ByGvk) {
             }
         }
     }
+    apply_enums(&mut defs, ENUMS).unwrap_or_else(|stale| panic!("enums.tsv names what the schemas lack: {stale:?}"));
     // Kubernetes' documents describe IntOrString and Quantity as strings with a format.
     for (name, format) in [
         ("io.k8s.apimachinery.pkg.util.intstr.IntOrString", "int-or-string"),
@@ -132,6 +133,54 @@ fn definitions() -> (Map<String, Value>, ByGvk) {
         }
     }
     (defs, by_gvk)
+}
+
+/// The enum values of the built-in kinds' enum-typed string fields (see the file's header).
+const ENUMS: &str = include_str!("enums.tsv");
+
+/// (definition, property) of the enum table.
+type Field<'a> = (&'a str, &'a str);
+
+/// Give each field of the table its `enum` and, as kube-apiserver's documents have it, the
+/// "Possible enum values:" paragraph at the end of its description (kube-openapi's enum.go).
+/// Err: the rows naming a definition or property the schemas lack (the table is stale).
+fn apply_enums(defs: &mut Map<String, Value>, table: &str) -> Result<(), Vec<String>> {
+    let mut fields: Vec<(Field, Vec<(&str, &str)>)> = Vec::new();
+    for line in table.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let mut cols = line.splitn(4, '\t');
+        let (Some(def), Some(prop), Some(value)) = (cols.next(), cols.next(), cols.next()) else {
+            return Err(vec![line.to_string()]);
+        };
+        let desc = cols.next().unwrap_or_default();
+        match fields.last_mut() {
+            Some((key, values)) if *key == (def, prop) => values.push((value, desc)),
+            _ => fields.push(((def, prop), vec![(value, desc)])),
+        }
+    }
+    let mut stale = Vec::new();
+    for ((def, prop), values) in fields {
+        let Some(Value::Object(schema)) = defs.get_mut(def).and_then(|d| d.pointer_mut(&format!("/properties/{prop}")))
+        else {
+            stale.push(format!("{def}.{prop}"));
+            continue;
+        };
+        schema.insert("enum".into(), json!(values.iter().map(|(v, _)| v).collect::<Vec<_>>()));
+        let lines: Vec<String> = values
+            .iter()
+            .map(|(v, d)| format!(" - `{}` {d}", serde_json::to_string(v).unwrap_or_default()).trim_end().to_string())
+            .collect();
+        let paragraph = format!("Possible enum values:\n{}", lines.join("\n"));
+        let description = match schema.get("description").and_then(Value::as_str) {
+            Some(d) if !d.is_empty() => format!("{d}\n\n{paragraph}"),
+            _ => paragraph,
+        };
+        schema.insert("description".into(), json!(description));
+    }
+    if stale.is_empty() {
+        Ok(())
+    } else {
+        Err(stale)
+    }
 }
 
 /// Every built-in document by its path under `apiserver/openapi/`: `v2.json` and
@@ -228,4 +277,22 @@ fn committed_documents_are_current() {
         }
     }
     assert!(stale.is_empty(), "apiserver/openapi/ is stale: {stale:?}; run scripts/update-openapi");
+}
+
+#[test]
+fn enum_table_applies_as_kubernetes_documents_have_it() {
+    let mut defs = Map::new();
+    defs.insert(
+        "X".into(),
+        json!({"properties": {"policy": {"type": "string", "description": "How."}, "b": {"type": "string"}}}),
+    );
+    let table = "# comment\nX\tpolicy\tAlways\t\nX\tpolicy\tNever\tnever restarts.\nX\tb\tB\t\n";
+    apply_enums(&mut defs, table).unwrap();
+    assert_eq!(defs["X"]["properties"]["policy"]["enum"], json!(["Always", "Never"]));
+    assert_eq!(
+        defs["X"]["properties"]["policy"]["description"],
+        "How.\n\nPossible enum values:\n - `\"Always\"`\n - `\"Never\"` never restarts."
+    );
+    assert_eq!(defs["X"]["properties"]["b"]["description"], "Possible enum values:\n - `\"B\"`");
+    assert_eq!(apply_enums(&mut defs, "Y\tp\tv\t\n"), Err(vec!["Y.p".to_string()]));
 }

@@ -268,6 +268,23 @@ mod tests {
     }
 
     #[test]
+    fn enum_typed_fields_carry_their_values() {
+        let core: Value = serde_json::from_slice(&v3("api/v1").unwrap().bytes).unwrap();
+        let spec = &core["components"]["schemas"]["io.k8s.api.core.v1.PodSpec"]["properties"];
+        assert_eq!(spec["restartPolicy"]["enum"], json!(["Always", "Never", "OnFailure"]));
+        assert!(spec["restartPolicy"]["description"]
+            .as_str()
+            .unwrap()
+            .ends_with("\n\nPossible enum values:\n - `\"Always\"`\n - `\"Never\"`\n - `\"OnFailure\"`"));
+        assert_eq!(spec["dnsPolicy"]["enum"], json!(["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"]));
+        let service = &core["components"]["schemas"]["io.k8s.api.core.v1.ServiceSpec"]["properties"];
+        assert_eq!(service["type"]["enum"], json!(["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"]));
+        let v2: Value = serde_json::from_slice(&v2().bytes).unwrap();
+        let container = &v2["definitions"]["io.k8s.api.core.v1.Container"]["properties"];
+        assert_eq!(container["imagePullPolicy"]["enum"], json!(["Always", "IfNotPresent", "Never"]));
+    }
+
+    #[test]
     fn v3_documents_advertise_field_validation_on_patch() {
         let root: Value = serde_json::from_slice(&generated::V3_ROOT.bytes).unwrap();
         let apps = v3("apis/apps/v1").unwrap();

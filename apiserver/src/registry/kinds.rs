@@ -594,22 +594,35 @@ impl Strategy for EndpointSliceStrategy {
 // ------------------------------------------------------------------------- APIService
 
 /// `apiregistration.k8s.io/v1` APIService: which apiserver serves a group-version. The
-/// built-in ones are `Local` (no `spec.service`) and always available; one naming a Service
-/// is an aggregated API, which this apiserver does not proxy, so it is never available. The
-/// status is derived from the spec on every write.
+/// built-in ones are `Local` (no `spec.service`) and always available. One naming a Service
+/// is an aggregated API: its `spec.service.port` defaults to 443 and its `Available`
+/// condition is the aggregator's availability controller's (`crate::aggregator`), written
+/// through the status subresource; a create starts without it, an update keeps it.
 pub struct ApiServiceStrategy;
 
 impl ApiServiceStrategy {
-    fn set_status(obj: &mut Value) {
-        let local = obj.pointer("/spec/service").is_none_or(Value::is_null);
-        let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-        let (status, reason, message) = if local {
-            ("True", "Local", "Local APIServices are always available")
-        } else {
-            ("False", "FailedDiscoveryCheck", "this apiserver does not proxy aggregated APIs")
-        };
-        obj["status"] = json!({"conditions": [{"type": "Available", "status": status, "reason": reason,
-            "message": message, "lastTransitionTime": now}]});
+    fn is_local(obj: &Value) -> bool {
+        obj.pointer("/spec/service").is_none_or(Value::is_null)
+    }
+
+    fn prepare(obj: &mut Value) {
+        if Self::is_local(obj) {
+            let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+            obj["status"] = json!({"conditions": [{"type": "Available", "status": "True", "reason": "Local",
+                "message": "Local APIServices are always available", "lastTransitionTime": now}]});
+            return;
+        }
+        default_at(obj, "/spec/service/port", json!(443));
+        // A Local APIService turned aggregated is not known to be available yet.
+        let was_local = obj
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| cs.iter().any(|c| c.get("reason").and_then(Value::as_str) == Some("Local")));
+        if was_local {
+            if let Some(m) = obj.as_object_mut() {
+                m.remove("status");
+            }
+        }
     }
 }
 
@@ -618,10 +631,10 @@ impl Strategy for ApiServiceStrategy {
         NameRule::PathSegment
     }
     fn prepare_for_create(&self, obj: &mut Value) {
-        Self::set_status(obj);
+        Self::prepare(obj);
     }
     fn prepare_for_update(&self, new: &mut Value, _old: &Value) {
-        Self::set_status(new);
+        Self::prepare(new);
     }
     /// Kubernetes' `ValidateAPIService`.
     fn validate(&self, obj: &Value) -> Vec<FieldError> {
@@ -647,6 +660,48 @@ impl Strategy for ApiServiceStrategy {
         let vp = int("/spec/versionPriority");
         if !(1..=1000).contains(&vp) {
             errs.push(FieldError::invalid("spec.versionPriority", &json!(vp), "must be positive and less than 1000"));
+        }
+        let ca = str_at(obj, "/spec/caBundle").unwrap_or_default();
+        let insecure = obj.pointer("/spec/insecureSkipTLSVerify").and_then(Value::as_bool).unwrap_or(false);
+        if Self::is_local(obj) {
+            if !ca.is_empty() {
+                let bytes = ca.len() / 4 * 3;
+                errs.push(FieldError::invalid(
+                    "spec.caBundle",
+                    &json!(format!("{bytes} bytes")),
+                    "local APIServices may not have a caBundle",
+                ));
+            }
+            if insecure {
+                errs.push(FieldError::invalid(
+                    "spec.insecureSkipTLSVerify",
+                    &json!(true),
+                    "local APIServices may not have insecureSkipTLSVerify",
+                ));
+            }
+            return errs;
+        }
+        for (field, path) in
+            [("spec.service.namespace", "/spec/service/namespace"), ("spec.service.name", "/spec/service/name")]
+        {
+            if str_at(obj, path).unwrap_or_default().is_empty() {
+                errs.push(FieldError::required(field, ""));
+            }
+        }
+        let port = obj.pointer("/spec/service/port").and_then(Value::as_i64).unwrap_or(443);
+        if !(1..=65535).contains(&port) {
+            errs.push(FieldError::invalid(
+                "spec.service.port",
+                &json!(port),
+                "port is not valid: must be between 1 and 65535, inclusive",
+            ));
+        }
+        if insecure && !ca.is_empty() {
+            errs.push(FieldError::invalid(
+                "spec.insecureSkipTLSVerify",
+                &json!(true),
+                "may not be true if caBundle is present",
+            ));
         }
         errs
     }
@@ -1189,6 +1244,41 @@ impl Strategy for PdbStrategy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aggregated_apiservices_are_defaulted_and_validated() {
+        let svc = |extra: Value| {
+            let mut spec = json!({"group": "wardle.example.com", "version": "v1alpha1", "groupPriorityMinimum": 1000,
+                "versionPriority": 15, "service": {"namespace": "wardle", "name": "api"}});
+            spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            json!({"metadata": {"name": "v1alpha1.wardle.example.com"}, "spec": spec})
+        };
+        let errors = |o: &Value| APISERVICE.validate(o).into_iter().map(|e| e.message).collect::<Vec<_>>();
+        let mut created = svc(json!({}));
+        APISERVICE.prepare_for_create(&mut created);
+        assert_eq!(created["spec"]["service"]["port"], 443);
+        assert!(created.get("status").is_none(), "the availability controller sets it");
+        assert!(errors(&created).is_empty(), "{:?}", errors(&created));
+        assert_eq!(
+            errors(&svc(json!({"insecureSkipTLSVerify": true, "caBundle": "Y2E="}))),
+            ["spec.insecureSkipTLSVerify: Invalid value: true: may not be true if caBundle is present"]
+        );
+        assert_eq!(errors(&svc(json!({"service": {"namespace": "", "name": "api", "port": 0}}))).len(), 2);
+        let mut local = json!({"metadata": {"name": "v1.apps"}, "spec": {"group": "apps", "version": "v1",
+            "groupPriorityMinimum": 17800, "versionPriority": 15, "caBundle": "Y2E="}});
+        assert_eq!(
+            errors(&local),
+            ["spec.caBundle: Invalid value: \"3 bytes\": local APIServices may not have a caBundle"]
+        );
+        local["spec"].as_object_mut().unwrap().remove("caBundle");
+        APISERVICE.prepare_for_create(&mut local);
+        assert_eq!(local["status"]["conditions"][0]["reason"], "Local");
+        // A Local APIService turned aggregated is not known to be available any more.
+        let mut turned = svc(json!({}));
+        turned["status"] = local["status"].clone();
+        APISERVICE.prepare_for_update(&mut turned, &local);
+        assert!(turned.get("status").is_none());
+    }
 
     #[test]
     fn network_policies_are_validated() {

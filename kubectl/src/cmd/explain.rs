@@ -121,6 +121,33 @@ fn element<'a>(doc: &'a Value, s: &'a Value) -> &'a Value {
     s
 }
 
+/// A field's `enum` values as kubectl shows them (`""` for the empty string).
+fn enum_of(s: &Value) -> Option<Vec<String>> {
+    let values = s.get("enum").and_then(Value::as_array).filter(|a| !a.is_empty())?;
+    Some(
+        values
+            .iter()
+            .map(|v| match v {
+                Value::String(s) if s.is_empty() => "\"\"".to_string(),
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect(),
+    )
+}
+
+/// The `enum: a, b, c, d, ....` line under a field of a list (at most four values), after a
+/// newline and `indent` spaces; empty without an enum.
+fn enum_line(s: &Value, indent: usize) -> String {
+    let Some(values) = enum_of(s) else { return String::new() };
+    let mut line =
+        format!("\n{}enum: {}", " ".repeat(indent), values.iter().take(4).cloned().collect::<Vec<_>>().join(", "));
+    if values.len() > 4 {
+        line.push_str(", ....");
+    }
+    line
+}
+
 fn required_of(schema: &Value) -> Vec<&str> {
     schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect()
 }
@@ -135,7 +162,7 @@ fn field_tree<'a>(doc: &'a Value, schema: &'a Value, depth: usize, path: &mut Ve
     for n in names {
         let s = &props[n];
         let req = if required.contains(&n.as_str()) { " -required-" } else { "" };
-        out.push_str(&format!("{}{n}\t<{}>{req}\n", "  ".repeat(depth), type_of(doc, s)));
+        out.push_str(&format!("{}{n}\t<{}>{req}{}\n", "  ".repeat(depth), type_of(doc, s), enum_line(s, 2 * depth)));
         let inner = element(doc, s);
         let name = element_ref(s).unwrap_or_default();
         if inner.get("properties").is_some() && !path.contains(&name) {
@@ -191,7 +218,10 @@ pub fn render(
     }
     let mut description = String::new();
     if let Some((name, schema)) = field {
-        out.push_str(&format!("FIELD: {name} <{}>\n\n\n", type_of(doc, schema)));
+        let values: String = enum_of(schema)
+            .map(|v| format!("ENUM:{}", v.iter().map(|v| format!("\n    {v}")).collect::<String>()))
+            .unwrap_or_default();
+        out.push_str(&format!("FIELD: {name} <{}>\n{values}\n\n", type_of(doc, schema)));
         description = schema.get("description").and_then(Value::as_str).unwrap_or_default().to_string();
     }
     let target = element(doc, current);
@@ -217,7 +247,7 @@ pub fn render(
             for n in names {
                 let s = &props[n];
                 let req = if required.contains(&n.as_str()) { " -required-" } else { "" };
-                out.push_str(&format!("  {n}\t<{}>{req}\n", type_of(doc, s)));
+                out.push_str(&format!("  {n}\t<{}>{req}{}\n", type_of(doc, s), enum_line(s, 2)));
                 if let Some(d) = s.get("description").and_then(Value::as_str).filter(|d| !d.is_empty()) {
                     out.push_str(&indented(d));
                 }
@@ -321,6 +351,23 @@ mod tests {
             rec.ends_with("FIELDS:\n  containers\t<[]Container>\n    env\t<[]EnvVar>\n    labels\t<map[string]string>\n    name\t<string> -required-\n\n"),
             "{rec}"
         );
+    }
+
+    #[test]
+    fn enums_show_as_kubectl_shows_them() {
+        let d = json!({"components": {"schemas": {"io.k8s.api.core.v1.Pod": {"properties": {
+            "policy": {"type": "string", "description": "How.", "enum": ["", "Always", "Never"]},
+            "many": {"type": "string", "enum": ["a", "b", "c", "d", "e"]}}}}}});
+        let root = &d["components"]["schemas"]["io.k8s.api.core.v1.Pod"];
+        let field = render(&d, root, "", "Pod", "v1", &["policy"], false).unwrap();
+        assert_eq!(
+            field,
+            "KIND:       Pod\nVERSION:    v1\n\nFIELD: policy <string>\nENUM:\n    \"\"\n    Always\n    Never\n\nDESCRIPTION:\n    How.\n    \n\n"
+        );
+        let list = render(&d, root, "", "Pod", "v1", &[], false).unwrap();
+        assert!(list.contains("  many\t<string>\n  enum: a, b, c, d, ....\n"), "{list}");
+        let rec = render(&d, root, "", "Pod", "v1", &[], true).unwrap();
+        assert!(rec.contains("  policy\t<string>\n  enum: \"\", Always, Never\n"), "{rec}");
     }
 
     #[test]

@@ -157,34 +157,11 @@ impl Webhooks {
     }
 }
 
-/// The address of a ready endpoint behind a Service port (`port` as the Service exposes it).
+/// The address of a ready endpoint behind a Service port (`port` as the Service exposes it),
+/// resolved as the aggregator resolves its backends.
 fn service_endpoint(svc: &Value, endpoints: &Value, port: u16) -> Option<(String, u16)> {
-    let sp = svc
-        .pointer("/spec/ports")?
-        .as_array()?
-        .iter()
-        .find(|p| p.get("port").and_then(Value::as_u64) == Some(u64::from(port)))?;
-    let port_name = sp.get("name").and_then(Value::as_str).unwrap_or_default();
-    for subset in endpoints.get("subsets").and_then(Value::as_array).into_iter().flatten() {
-        let ep_port = subset
-            .get("ports")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .find(|p| p.get("name").and_then(Value::as_str).unwrap_or_default() == port_name)
-            .and_then(|p| p.get("port").and_then(Value::as_u64))
-            .and_then(|p| u16::try_from(p).ok());
-        let ip = subset
-            .get("addresses")
-            .and_then(Value::as_array)
-            .and_then(|a| a.first())
-            .and_then(|a| a.get("ip"))
-            .and_then(Value::as_str);
-        if let (Some(ip), Some(p)) = (ip, ep_port) {
-            return Some((ip.to_string(), p));
-        }
-    }
-    None
+    use crate::aggregator::endpoints::{resolve, slices_of_endpoints};
+    resolve(svc, &slices_of_endpoints(endpoints), port).ok()?.into_iter().next()
 }
 
 /// The attributes rules match a write by.

@@ -14,26 +14,26 @@
 //! Per module pod: bound to an owned vnode → install; deleting → uninstall, then final
 //! removal (grace 0) once the base confirms; spec change → uninstall old, install new.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::borrow::{Borrow, Cow};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use common::events::{Recorder, NORMAL, WARNING};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, EnvVar, NodeStatus, Pod, PodSpec, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::watcher;
-use kube::ResourceExt;
 use tokio::sync::mpsc;
 
-use crate::kubeio::{self, LeaseOutcome};
-use crate::mapping::{self, Liveness};
+use crate::kubeio::{self, KnownLease, LeaseOutcome};
+use crate::mapping::{self, Liveness, ModuleSpec, NodeStatusChange, NodeStatusMemo, PriorStatus};
 use crate::metrics::METRICS;
+use crate::modulepod::{self, ModulePod, PodUpdate};
 use crate::restart;
 use crate::tunnel::{
-    ContainerOperationResponse, ContainerState, ContainerStatusData, NodeInfo, NodeState, NodeStatusData,
+    ContainerOperationResponse, ContainerState, ContainerStatusData, ModuleReport, NodeInfo, NodeState, NodeStatusData,
     OperationResult, QueryBaselineRequest, Tunnel, TunnelCallbacks,
 };
 use crate::writer::Writer;
@@ -56,6 +56,9 @@ pub struct Settings {
     pub query_interval: Duration,
     /// A module still missing this long after its install was sent is installed again.
     pub install_retry: Duration,
+    /// A vnode status whose only change is capacity/allocatable waits this long after the
+    /// last write (conditions are written at once).
+    pub resources_interval: Duration,
     /// Where the vnodes say their kubelet API is (this controller's).
     pub kubelet: mapping::KubeletEndpoint,
 }
@@ -70,6 +73,7 @@ impl Settings {
             health_interval: Duration::from_secs(10),
             query_interval: Duration::from_secs(15),
             install_retry: Duration::from_secs(30),
+            resources_interval: Duration::from_secs(30),
             kubelet: mapping::KubeletEndpoint::default(),
         }
     }
@@ -85,15 +89,23 @@ pub enum Event {
     StartResponse(String, ContainerOperationResponse),
     ShutdownResponse(String, ContainerOperationResponse),
     BaselineSent(String, Vec<String>),
-    Lease(String, LeaseOutcome),
-    NodeWritten(String, Box<NodeStatus>),
-    PodApplied(Box<Pod>),
-    PodDeleted(Box<Pod>),
+    Lease(String, LeaseOutcome, Option<KnownLease>),
+    /// A vnode's status was written: what the next one is compared with.
+    NodeWritten(String, Box<NodeStatusMemo>),
+    PodApplied(Box<PodUpdate>),
+    /// The pod (`namespace/name`) is gone.
+    PodDeleted(String),
     PodsRelist,
     PodsSynced,
     /// Writing this pod's status failed: write it again at its next refresh.
     StatusWriteFailed(String),
     Tick,
+}
+
+/// What the tick asks a base for.
+enum Poll {
+    Health,
+    Modules,
 }
 
 /// Tunnel callbacks that feed the actor.
@@ -130,8 +142,9 @@ enum Ownership {
     Owned(Instant),
 }
 
+/// A base's module as its reports (and operation results) tell it.
 struct Module {
-    data: ContainerStatusData,
+    report: ModuleReport,
     updated: Instant,
 }
 
@@ -144,8 +157,13 @@ struct Base {
     liveness: Liveness,
     ownership: Ownership,
     renewing: bool,
-    node_status: Option<NodeStatus>,
-    modules: HashMap<String, Module>,
+    /// The vnode Lease as this replica last wrote it (renewals are one write from it).
+    lease: Option<KnownLease>,
+    /// What the vnode's status last written leaves to compare with, and when it was written.
+    node_status: Option<NodeStatusMemo>,
+    node_written: Option<Instant>,
+    /// By key (`name:version`).
+    modules: HashMap<Box<str>, Module>,
     modules_reported: bool,
     installs: HashMap<String, Instant>,
     uninstalls: HashMap<String, Instant>,
@@ -162,57 +180,107 @@ impl Base {
     }
 }
 
+/// One module container of a pod: its module (shared with the base's [`Desired`] and its
+/// baseline) and its restarts.
+struct PodModule {
+    spec: Arc<ModuleSpec>,
+    history: restart::History,
+}
+
+/// A module pod as the controller keeps it: only what it reads, in compact form (a few
+/// hundred bytes where a `Pod` with one container is 5 KB before its strings).
 struct PodEntry {
-    pod: Pod,
-    base: String,
-    /// Keys this pod's containers had when last seen (to detect updates).
-    keys: Modules,
+    /// `namespace/name`, shared with the indexes.
+    key: Arc<str>,
+    uid: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
+    deleting: bool,
+    /// The vnode's base, shared with the other pods of the base.
+    base: Arc<str>,
+    restart_policy: Option<Cow<'static, str>>,
+    /// Its module containers, in the spec's order.
+    modules: Box<[PodModule]>,
+    /// What its next status builds on: the status it shows, or the one last written.
+    prior: PriorStatus,
     delete_sent: bool,
-    /// Each module container's restarts, by key.
-    history: HashMap<String, restart::History>,
     /// The digest of the last status written ([`mapping::pod_status_digest`]; 0: none, or
     /// its write failed): a watch event that still shows an older status does not make the
     /// controller write the same status again.
     sent: u64,
     /// The digest of the status the pod shows (or was last written); `None` while it shows no
-    /// container statuses. The stored pod's status keeps no container statuses: what is
-    /// compared is this digest, and the rest of the status is what the next one builds on.
+    /// container statuses.
     current: Option<u64>,
 }
 
 impl PodEntry {
     fn deleting(&self) -> bool {
-        self.pod.metadata.deletion_timestamp.is_some()
+        self.deleting
+    }
+
+    /// (namespace, name).
+    fn names(&self) -> (&str, &str) {
+        self.key.split_once('/').unwrap_or(("", &self.key))
+    }
+
+    fn module(&self, key: &str) -> Option<&PodModule> {
+        self.modules.iter().find(|m| m.spec.key() == key)
+    }
+
+    /// The pod as an event's `involvedObject`.
+    fn reference(&self) -> ObjectReference {
+        pod_reference(&self.key, self.uid.as_deref(), self.resource_version.as_deref())
+    }
+}
+
+/// The pod `namespace/name` as an event's `involvedObject`.
+fn pod_reference(key: &str, uid: Option<&str>, resource_version: Option<&str>) -> ObjectReference {
+    let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name.into()),
+        namespace: Some(namespace.into()),
+        uid: uid.map(Into::into),
+        resource_version: resource_version.map(Into::into),
+        ..Default::default()
     }
 }
 
 /// The shared read-only view the baseline query uses.
-type Baselines = Arc<RwLock<HashMap<String, Vec<Arc<Container>>>>>;
+type Baselines = Arc<RwLock<HashMap<String, Vec<Arc<ModuleSpec>>>>>;
 
-/// Module containers by key (`name:version`): what a base's pods want.
-type Desired = BTreeMap<String, Arc<Container>>;
+/// A module ordered and found by its key.
+#[derive(Clone)]
+struct Keyed(Arc<ModuleSpec>);
 
-/// A pod's module containers in its spec's order, with their keys. Kept here only (the
-/// stored pod's spec has none) and shared, not copied, with [`Desired`] and the baselines:
-/// a `Container` is over a kilobyte, and copies of them (in B-tree nodes that hold room for
-/// eleven) were most of the controller's memory at 10,000 pods.
-#[derive(Clone, Default)]
-struct Modules(Vec<(String, Arc<Container>)>);
-
-impl Modules {
-    fn of(containers: Vec<Container>) -> Self {
-        Modules(containers.into_iter().map(|c| (mapping::container_key(&c), Arc::new(c))).collect())
-    }
-    fn get(&self, key: &str) -> Option<&Arc<Container>> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, c)| c)
-    }
-    fn contains_key(&self, key: &str) -> bool {
-        self.get(key).is_some()
-    }
-    fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Container>)> {
-        self.0.iter().map(|(k, c)| (k, c))
+impl Borrow<str> for Keyed {
+    fn borrow(&self) -> &str {
+        self.0.key()
     }
 }
+
+impl PartialEq for Keyed {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key() == other.0.key()
+    }
+}
+
+impl Eq for Keyed {}
+
+impl PartialOrd for Keyed {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Keyed {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.key().cmp(other.0.key())
+    }
+}
+
+/// The modules a base's pods want, by key.
+type Desired = BTreeSet<Keyed>;
 
 /// Each vnode's arklet (`host:port` of its base's HTTP API, where a module's logs are),
 /// by node name: what the kubelet API ([`crate::kubelet_api`]) reads.
@@ -222,19 +290,23 @@ pub struct Controller {
     client: kube::Client,
     tunnels: Vec<Arc<dyn Tunnel>>,
     settings: Settings,
+    /// Pod writes (statuses, final removals).
     writer: Writer,
+    /// Vnode writes (Leases, Nodes): apart, so that renewals never wait behind pod statuses.
+    base_writer: Writer,
     tx: mpsc::UnboundedSender<Event>,
-    bases: HashMap<String, Base>,
-    /// Boxed: the table stays small as it grows (a `Pod` is large inline).
-    pods: HashMap<String, Box<PodEntry>>,
-    pods_by_base: HashMap<String, HashSet<String>>,
+    /// Boxed: the table stays small as it grows.
+    bases: HashMap<String, Box<Base>>,
+    /// Boxed: the table stays small as it grows.
+    pods: HashMap<Arc<str>, Box<PodEntry>>,
+    pods_by_base: HashMap<Arc<str>, HashSet<Arc<str>>>,
     seen_in_relist: Option<HashSet<String>>,
     synced: bool,
     baselines: Baselines,
     arklets: Arklets,
     events: Recorder,
     /// Pods with a module waiting for its restart's back-off.
-    backing_off: HashSet<String>,
+    backing_off: HashSet<Arc<str>>,
 }
 
 /// Seconds since the epoch.
@@ -243,45 +315,15 @@ fn unix_now() -> f64 {
 }
 
 /// (name, namespace, uid) of a pod, as the back-off message names it.
-fn pod_names(p: &Pod) -> (String, String, String) {
-    (p.name_any(), p.namespace().unwrap_or_default(), p.metadata.uid.clone().unwrap_or_default())
+fn pod_names(e: &PodEntry) -> (String, String, String) {
+    let (namespace, name) = e.names();
+    (name.into(), namespace.into(), e.uid.as_deref().unwrap_or_default().into())
 }
 
-/// A pod as the controller keeps it: only what it reads (names, UID, resourceVersion,
-/// deletion; the containers, node and restart policy; the status), as informers that hold
-/// many objects drop the rest (managedFields alone is often most of a pod's metadata).
-fn kept(p: Pod) -> Pod {
-    let m = p.metadata;
-    Pod {
-        metadata: ObjectMeta {
-            name: m.name,
-            namespace: m.namespace,
-            uid: m.uid,
-            resource_version: m.resource_version,
-            deletion_timestamp: m.deletion_timestamp,
-            ..Default::default()
-        },
-        spec: p.spec.map(|s| PodSpec {
-            containers: s.containers,
-            node_name: s.node_name,
-            restart_policy: s.restart_policy,
-            ..Default::default()
-        }),
-        status: p.status,
-    }
-}
-
-fn pod_key(p: &Pod) -> String {
-    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
-}
-
-fn container_of(key: &str, name: &str) -> Container {
-    let version = key.rsplit_once(':').map(|(_, v)| v.to_string()).unwrap_or_default();
-    Container {
-        name: name.to_string(),
-        env: Some(vec![EnvVar { name: mapping::ENV_BIZ_VERSION.into(), value: Some(version), ..Default::default() }]),
-        ..Default::default()
-    }
+/// The module of a key a base reports (`name:version`) that no pod has: enough to uninstall it.
+fn unowned_module(key: &str) -> ModuleSpec {
+    let (name, version) = key.split_once(':').unwrap_or((key, ""));
+    ModuleSpec::new(name, version, None)
 }
 
 impl Controller {
@@ -301,7 +343,7 @@ impl Controller {
             let b = baselines.clone();
             tunnel.register_query(Arc::new(move |req: QueryBaselineRequest| {
                 let b = b.read().unwrap_or_else(|e| e.into_inner());
-                b.get(&req.identity).map(|v| v.iter().map(|c| Container::clone(c)).collect()).unwrap_or_default()
+                b.get(&req.identity).map(|v| v.iter().map(|c| c.container()).collect()).unwrap_or_default()
             }));
         }
         let c = Controller {
@@ -309,6 +351,7 @@ impl Controller {
             tunnels,
             settings,
             writer: Writer::new(64),
+            base_writer: Writer::new(32),
             tx,
             bases: HashMap::new(),
             pods: HashMap::new(),
@@ -355,7 +398,7 @@ impl Controller {
     }
 
     fn spawn_pod_watch(&self, tx: mpsc::Sender<Event>) {
-        let api: Api<Pod> = Api::all(self.client.clone());
+        let api: Api<ModulePod> = Api::all(self.client.clone());
         let cfg = watcher::Config::default().labels(&mapping::module_pod_selector());
         tokio::spawn(async move {
             let mut stream = watcher::watcher(api, cfg).boxed();
@@ -363,10 +406,16 @@ impl Controller {
                 let ev = match ev {
                     Ok(watcher::Event::Init) => Event::PodsRelist,
                     Ok(watcher::Event::InitApply(p)) | Ok(watcher::Event::Apply(p)) => {
-                        Event::PodApplied(Box::new(kept(p)))
+                        Event::PodApplied(Box::new(PodUpdate::from(p)))
                     }
                     Ok(watcher::Event::InitDone) => Event::PodsSynced,
-                    Ok(watcher::Event::Delete(p)) => Event::PodDeleted(Box::new(kept(p))),
+                    Ok(watcher::Event::Delete(p)) => {
+                        let m = &p.metadata;
+                        Event::PodDeleted(modulepod::pod_key(
+                            m.namespace.as_deref().unwrap_or_default(),
+                            m.name.as_deref().unwrap_or_default(),
+                        ))
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "module pod watch error");
                         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -393,7 +442,7 @@ impl Controller {
             Event::Containers(id, list) => self.on_containers(&id, list),
             Event::StartResponse(id, resp) => self.on_start_response(&id, resp),
             Event::ShutdownResponse(id, resp) => self.on_shutdown_response(&id, resp),
-            Event::Lease(id, outcome) => self.on_lease(&id, outcome),
+            Event::Lease(id, outcome, lease) => self.on_lease(&id, outcome, lease),
             Event::BaselineSent(id, keys) => {
                 if let Some(b) = self.bases.get_mut(&id) {
                     let now = Instant::now();
@@ -402,20 +451,20 @@ impl Controller {
                     }
                 }
             }
-            Event::NodeWritten(id, status) => {
+            Event::NodeWritten(id, memo) => {
                 if let Some(b) = self.bases.get_mut(&id) {
-                    b.node_status = Some(*status);
+                    b.node_status = Some(*memo);
+                    b.node_written = Some(Instant::now());
                 }
             }
             Event::PodApplied(p) => self.on_pod(*p),
-            Event::PodDeleted(p) => self.on_pod_deleted(&p),
+            Event::PodDeleted(key) => self.on_pod_deleted(&key),
             Event::PodsRelist => self.seen_in_relist = Some(HashSet::new()),
             Event::PodsSynced => {
                 if let Some(seen) = self.seen_in_relist.take() {
-                    let gone: Vec<Pod> =
-                        self.pods.iter().filter(|(k, _)| !seen.contains(*k)).map(|(_, e)| e.pod.clone()).collect();
-                    for p in gone {
-                        self.on_pod_deleted(&p);
+                    let gone: Vec<Arc<str>> = self.pods.keys().filter(|k| !seen.contains(&***k)).cloned().collect();
+                    for k in gone {
+                        self.on_pod_deleted(&k);
                     }
                 }
                 self.synced = true;
@@ -425,7 +474,7 @@ impl Controller {
                 }
             }
             Event::StatusWriteFailed(key) => {
-                if let Some(e) = self.pods.get_mut(&key) {
+                if let Some(e) = self.pods.get_mut(key.as_str()) {
                     e.sent = 0;
                 }
             }
@@ -454,8 +503,9 @@ impl Controller {
                 false => format!("{}:{}", info.network.node_ip, info.network.arklet_port),
             }
         });
-        let current = self.arklets.read().unwrap_or_else(|e| e.into_inner()).get(&node).cloned();
-        if current != address {
+        let unchanged =
+            self.arklets.read().unwrap_or_else(|e| e.into_inner()).get(&node).map(String::as_str) == address.as_deref();
+        if !unchanged {
             let mut arklets = self.arklets.write().unwrap_or_else(|e| e.into_inner());
             match address {
                 Some(a) => arklets.insert(node, a),
@@ -466,23 +516,27 @@ impl Controller {
 
     fn on_heartbeat(&mut self, id: String, info: NodeInfo, tunnel: usize) {
         let now = Instant::now();
-        let settings = self.settings.clone();
+        let lease_duration = self.settings.lease_duration;
         self.publish_arklet(&id, &info);
-        let base = self.bases.entry(id.clone()).or_insert_with(|| Base {
-            tunnel,
-            info: info.clone(),
-            status: None,
-            last_heartbeat: now,
-            liveness: Liveness::Alive,
-            ownership: Ownership::NotOwned(now),
-            renewing: false,
-            node_status: None,
-            modules: HashMap::new(),
-            modules_reported: false,
-            installs: HashMap::new(),
-            uninstalls: HashMap::new(),
-            next_health: now,
-            last_query: now,
+        let base = self.bases.entry(id.clone()).or_insert_with(|| {
+            Box::new(Base {
+                tunnel,
+                info: info.clone(),
+                status: None,
+                last_heartbeat: now,
+                liveness: Liveness::Alive,
+                ownership: Ownership::NotOwned(now),
+                renewing: false,
+                lease: None,
+                node_status: None,
+                node_written: None,
+                modules: HashMap::new(),
+                modules_reported: false,
+                installs: HashMap::new(),
+                uninstalls: HashMap::new(),
+                next_health: now,
+                last_query: now,
+            })
         });
         if info.metadata.status == NodeState::Deactivated {
             tracing::info!(base = %id, "base reports DEACTIVATED");
@@ -501,13 +555,13 @@ impl Controller {
         match base.ownership {
             Ownership::Owned(renewed) => {
                 let age = renewed.elapsed();
-                if age >= settings.lease_duration {
+                if age >= lease_duration {
                     // Our Lease may have been taken over while the base was silent: re-acquire
                     // before talking to it again.
                     base.ownership = Ownership::Acquiring;
                     self.spawn_lease(&id);
                 } else {
-                    if age >= settings.lease_duration / 4 && !base.renewing {
+                    if age >= lease_duration / 4 && !base.renewing {
                         base.renewing = true;
                         self.spawn_lease(&id);
                     }
@@ -527,22 +581,25 @@ impl Controller {
         }
     }
 
-    fn spawn_lease(&self, id: &str) {
+    fn spawn_lease(&mut self, id: &str) {
         let client = self.client.clone();
         let name = mapping::node_name(id, &self.settings.env);
         let identity = self.settings.client_id.clone();
         let duration = self.settings.lease_duration;
         let tx = self.tx.clone();
+        // The Lease last written goes with the attempt and comes back with its outcome.
+        let last = self.bases.get_mut(id).and_then(|b| b.lease.take());
         let id = id.to_string();
-        self.writer.submit(format!("lease/{id}"), async move {
-            let outcome = kubeio::acquire_or_renew_lease(&client, &name, &identity, duration).await;
-            let _ = tx.send(Event::Lease(id, outcome));
+        self.base_writer.submit(format!("lease/{id}"), move || async move {
+            let (outcome, lease) = kubeio::acquire_or_renew_lease(&client, &name, &identity, duration, last).await;
+            let _ = tx.send(Event::Lease(id, outcome, lease));
         });
     }
 
-    fn on_lease(&mut self, id: &str, outcome: LeaseOutcome) {
+    fn on_lease(&mut self, id: &str, outcome: LeaseOutcome, lease: Option<KnownLease>) {
         let Some(base) = self.bases.get_mut(id) else { return };
         base.renewing = false;
+        base.lease = lease;
         let was_owned = base.owned();
         let now = Instant::now();
         match outcome {
@@ -607,11 +664,11 @@ impl Controller {
         let client = self.client.clone();
         let tx = self.tx.clone();
         let id_s = id.to_string();
-        self.writer.submit(format!("node/{id}"), async move {
+        self.base_writer.submit(format!("node/{id}"), move || async move {
             match kubeio::ensure_node(&client, &node).await {
                 Ok(()) => {
-                    if let Some(s) = node.status {
-                        let _ = tx.send(Event::NodeWritten(id_s, Box::new(s)));
+                    if let Some(s) = &node.status {
+                        let _ = tx.send(Event::NodeWritten(id_s, Box::new(NodeStatusMemo::of(s))));
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, base = %id_s, "writing vnode"),
@@ -633,23 +690,24 @@ impl Controller {
             base.node_status.as_ref(),
             Timestamp::now(),
         );
-        if let Some(prev) = &base.node_status {
-            if !mapping::node_status_changed(prev, &status) {
-                return;
-            }
+        let change = base.node_status.as_ref().map_or(NodeStatusChange::Other, |prev| prev.change(&status));
+        let since_write = base.node_written.map_or(Duration::MAX, |t| t.elapsed());
+        if !mapping::node_status_due(change, since_write, self.settings.resources_interval) {
+            return;
         }
         let client = self.client.clone();
         let name = mapping::node_name(id, &self.settings.env);
         let tx = self.tx.clone();
         let id_s = id.to_string();
-        self.writer.submit(format!("node/{id}"), async move {
-            let patch = match kubeio::StatusPatch::new(&status) {
-                Ok(p) => p,
-                Err(e) => return tracing::warn!(error = %e, node = %name, "serializing a vnode's status"),
-            };
+        let patch = match kubeio::StatusPatch::new(&status) {
+            Ok(p) => p,
+            Err(e) => return tracing::warn!(error = %e, node = %name, "serializing a vnode's status"),
+        };
+        let memo = Box::new(NodeStatusMemo::of(&status));
+        self.base_writer.submit(format!("node/{id}"), move || async move {
             match kubeio::patch_node_status(&client, &name, &patch).await {
                 Ok(()) => {
-                    let _ = tx.send(Event::NodeWritten(id_s, Box::new(status)));
+                    let _ = tx.send(Event::NodeWritten(id_s, memo));
                 }
                 Err(e) => tracing::warn!(error = %e, node = %name, "patching vnode status"),
             }
@@ -658,6 +716,7 @@ impl Controller {
 
     fn on_tick(&mut self) {
         let now = Instant::now();
+        let mut polls: Vec<(Arc<dyn Tunnel>, String, Poll)> = Vec::new();
         let ids: Vec<String> = self.bases.keys().cloned().collect();
         for id in ids {
             let tunnel = self.tunnel_of(&id);
@@ -678,24 +737,34 @@ impl Controller {
             }
             if now >= base.next_health {
                 base.next_health = now + self.settings.health_interval;
-                let (t, i) = (tunnel.clone(), id.clone());
-                tokio::spawn(async move { t.fetch_health_data(&i).await });
+                polls.push((tunnel.clone(), id.clone(), Poll::Health));
             }
             if base.last_query.elapsed() >= self.settings.query_interval {
                 base.last_query = now;
-                let i = id.clone();
-                tokio::spawn(async move { tunnel.query_all_container_status(&i).await });
+                polls.push((tunnel, id, Poll::Modules));
             }
         }
+        // The tick's polls go out from one task, not one task per base.
+        if !polls.is_empty() {
+            tokio::spawn(futures::future::join_all(polls.into_iter().map(|(tunnel, id, poll)| async move {
+                let sent = match poll {
+                    Poll::Health => tunnel.fetch_health_data(&id).await,
+                    Poll::Modules => tunnel.query_all_container_status(&id).await,
+                };
+                if let Err(e) = sent {
+                    tracing::debug!(error = %e, base = %id, "polling base");
+                }
+            })));
+        }
         // Modules whose restart back-off may be over.
-        let waiting: BTreeSet<String> =
+        let waiting: BTreeSet<Arc<str>> =
             self.backing_off.iter().filter_map(|k| self.pods.get(k)).map(|e| e.base.clone()).collect();
         for id in waiting {
             self.restart_modules(&id);
             self.refresh_pods(&id);
         }
         // Deleting pods whose base nobody can reach are removed without waiting.
-        let stuck: Vec<String> = self
+        let stuck: Vec<Arc<str>> = self
             .pods
             .iter()
             .filter(|(_, e)| e.deleting() && !e.delete_sent && !self.base_active_anywhere(&e.base))
@@ -721,13 +790,15 @@ impl Controller {
         let now = Instant::now();
         // A module in the state already known keeps the time it was first seen in it (the
         // install's answer came first): its container's startedAt does not move.
-        let mut fresh: HashMap<String, Module> = list
+        let mut fresh: HashMap<Box<str>, Module> = list
             .into_iter()
-            .map(|mut d| {
-                if let Some(known) = base.modules.get(&d.key).filter(|m| m.data.state == d.state) {
-                    d.change_time_ms = known.data.change_time_ms;
+            .map(|d| {
+                let key: Box<str> = d.key.as_str().into();
+                let mut report = ModuleReport::from(d);
+                if let Some(known) = base.modules.get(&key).filter(|m| m.report.state == report.state) {
+                    report.change_time_ms = known.report.change_time_ms;
                 }
-                (d.key.clone(), Module { data: d, updated: now })
+                (key, Module { report, updated: now })
             })
             .collect();
         // Keep what operation results told us after this report was asked for.
@@ -744,44 +815,36 @@ impl Controller {
 
     fn on_start_response(&mut self, id: &str, resp: ContainerOperationResponse) {
         let Some(base) = self.bases.get_mut(id).filter(|b| b.owned()) else { return };
-        let name = resp.container_key.split(':').next().unwrap_or_default().to_string();
-        let data = match resp.result {
-            OperationResult::Success => ContainerStatusData {
-                key: resp.container_key.clone(),
-                name,
-                pod_key: crate::tunnel::POD_KEY_ALL.into(),
+        let mut report = match resp.result {
+            OperationResult::Success => ModuleReport {
                 state: ContainerState::Activated,
                 change_time_ms: crate::protocol::now_ms(),
-                reason: String::new(),
-                message: String::new(),
+                reason: "".into(),
+                message: "".into(),
             },
             OperationResult::Failure => {
                 tracing::warn!(base = %id, module = %resp.container_key, reason = %resp.reason, message = %resp.message, "module install failed");
-                ContainerStatusData {
-                    key: resp.container_key.clone(),
-                    name,
-                    pod_key: crate::tunnel::POD_KEY_ALL.into(),
+                ModuleReport {
                     state: ContainerState::Broken,
                     change_time_ms: crate::protocol::now_ms(),
-                    reason: if resp.reason.is_empty() { "InstallFailed".into() } else { resp.reason.clone() },
-                    message: resp.message.clone(),
+                    reason: if resp.reason.is_empty() { "InstallFailed".into() } else { resp.reason.as_str().into() },
+                    message: resp.message.as_str().into(),
                 }
             }
         };
-        let keep_time =
-            base.modules.get(&resp.container_key).filter(|m| m.data.state == data.state).map(|m| m.data.change_time_ms);
-        let mut data = data;
-        if let Some(t) = keep_time {
-            data.change_time_ms = t;
+        let key = resp.container_key.as_str();
+        if let Some(known) = base.modules.get(key).filter(|m| m.report.state == report.state) {
+            report.change_time_ms = known.report.change_time_ms;
         }
-        base.modules.insert(resp.container_key.clone(), Module { data, updated: Instant::now() });
-        self.refresh_pods(id);
+        base.modules.insert(key.into(), Module { report, updated: Instant::now() });
+        // Only the statuses of the pods with this module can change.
+        self.refresh_pods_with(id, &resp.container_key);
     }
 
     fn on_shutdown_response(&mut self, id: &str, resp: ContainerOperationResponse) {
         let Some(base) = self.bases.get_mut(id).filter(|b| b.owned()) else { return };
         if resp.result == OperationResult::Success {
-            base.modules.remove(&resp.container_key);
+            base.modules.remove(resp.container_key.as_str());
             base.uninstalls.remove(&resp.container_key);
             base.installs.remove(&resp.container_key);
         } else {
@@ -793,17 +856,18 @@ impl Controller {
 
     /// The modules the live pods on a base want, by key.
     fn desired(&self, id: &str) -> Desired {
-        let mut out = BTreeMap::new();
+        let mut out = BTreeSet::new();
         for k in self.pods_by_base.get(id).into_iter().flatten() {
             if let Some(e) = self.pods.get(k).filter(|e| !e.deleting()) {
-                out.extend(e.keys.iter().map(|(k, c)| (k.clone(), c.clone())));
+                out.extend(e.modules.iter().map(|m| Keyed(m.spec.clone())));
             }
         }
         out
     }
 
-    fn install(&mut self, id: &str, key: &str, c: &Container, pod: &str) {
+    fn install(&mut self, id: &str, c: &ModuleSpec, pod: &str) {
         let retry = self.settings.install_retry;
+        let key = c.key();
         let Some(base) = self.bases.get_mut(id).filter(|b| b.active()) else { return };
         if base.installs.get(key).is_some_and(|t| t.elapsed() < retry) {
             return;
@@ -812,9 +876,14 @@ impl Controller {
         base.uninstalls.remove(key);
         tracing::info!(base = %id, module = %key, %pod, "installing module");
         if let Some(e) = self.pods.get(pod) {
-            self.events.event(&e.pod, NORMAL, "Installing", format!("Installing module {key} into base {id}"));
+            self.events.event_on(
+                e.reference(),
+                NORMAL,
+                "Installing",
+                format!("Installing module {key} into base {id}"),
+            );
         }
-        let (tunnel, id, pod, c) = (self.tunnel_of(id), id.to_string(), pod.to_string(), c.clone());
+        let (tunnel, id, pod, c) = (self.tunnel_of(id), id.to_string(), pod.to_string(), c.container());
         tokio::spawn(async move {
             if let Err(e) = tunnel.start_container(&id, &pod, &c).await {
                 tracing::warn!(error = %e, base = %id, "sending installBiz");
@@ -822,8 +891,9 @@ impl Controller {
         });
     }
 
-    fn uninstall(&mut self, id: &str, key: &str, c: &Container, pod: &str) {
+    fn uninstall(&mut self, id: &str, c: &ModuleSpec, pod: &str) {
         let retry = self.settings.install_retry;
+        let key = c.key();
         let Some(base) = self.bases.get_mut(id).filter(|b| b.active()) else { return };
         if base.uninstalls.get(key).is_some_and(|t| t.elapsed() < retry) {
             return;
@@ -832,9 +902,9 @@ impl Controller {
         base.installs.remove(key);
         tracing::info!(base = %id, module = %key, %pod, "uninstalling module");
         if let Some(e) = self.pods.get(pod) {
-            self.events.event(&e.pod, NORMAL, "Killing", format!("Uninstalling module {key} from base {id}"));
+            self.events.event_on(e.reference(), NORMAL, "Killing", format!("Uninstalling module {key} from base {id}"));
         }
-        let (tunnel, id, pod, c) = (self.tunnel_of(id), id.to_string(), pod.to_string(), c.clone());
+        let (tunnel, id, pod, c) = (self.tunnel_of(id), id.to_string(), pod.to_string(), c.container());
         tokio::spawn(async move {
             if let Err(e) = tunnel.shutdown_container(&id, &pod, &c).await {
                 tracing::warn!(error = %e, base = %id, "sending uninstallBiz");
@@ -851,29 +921,25 @@ impl Controller {
         let held = self.restart_modules(id);
         let Some(base) = self.bases.get(id) else { return };
         let desired = self.desired(id);
-        let missing: Vec<(String, Arc<Container>)> = desired
+        let missing: Vec<Arc<ModuleSpec>> = desired
             .iter()
-            .filter(|(k, _)| !held.contains(*k))
-            .filter(|(k, _)| match base.modules.get(*k) {
+            .filter(|m| !held.contains(m.0.key()))
+            .filter(|m| match base.modules.get(m.0.key()) {
                 None => true,
-                Some(m) => matches!(m.data.state, ContainerState::Deactivated | ContainerState::Stopped),
+                Some(m) => matches!(m.report.state, ContainerState::Deactivated | ContainerState::Stopped),
             })
-            .map(|(k, c)| (k.clone(), c.clone()))
+            .map(|m| m.0.clone())
             .collect();
-        let unowned: Vec<(String, Arc<Container>)> = if self.synced {
-            base.modules
-                .iter()
-                .filter(|(k, _)| !desired.contains_key(*k))
-                .map(|(k, m)| (k.clone(), Arc::new(container_of(k, &m.data.name))))
-                .collect()
+        let unowned: Vec<ModuleSpec> = if self.synced {
+            base.modules.iter().filter(|(k, _)| !desired.contains(&***k)).map(|(k, _)| unowned_module(k)).collect()
         } else {
             vec![]
         };
-        for (k, c) in missing {
-            self.install(id, &k, &c, "reconcile");
+        for c in missing {
+            self.install(id, &c, "reconcile");
         }
-        for (k, c) in unowned {
-            self.uninstall(id, &k, &c, "none");
+        for c in unowned {
+            self.uninstall(id, &c, "none");
         }
         self.finish_deletions(id);
         self.refresh_pods(id);
@@ -890,46 +956,48 @@ impl Controller {
         let mut restarts = Vec::new();
         for pk in self.pods_by_base.get(id).into_iter().flatten() {
             let Some(e) = self.pods.get_mut(pk).filter(|e| !e.deleting()) else { continue };
-            let policy = e.pod.spec.as_ref().and_then(|s| s.restart_policy.clone());
+            let e: &mut PodEntry = e;
             let mut waits = false;
-            for (key, c) in e.keys.iter() {
-                let h = e.history.entry(key.clone()).or_default();
-                match restart::observe(h, base.modules.get(key).map(|m| &m.data), now) {
+            for m in e.modules.iter_mut() {
+                let (key, h) = (m.spec.key(), &mut m.history);
+                // `e` is borrowed for its module: the event names the pod from its other fields.
+                let event = |type_: &str, reason: &str, message: String| {
+                    let involved = pod_reference(&e.key, e.uid.as_deref(), e.resource_version.as_deref());
+                    self.events.event_on(involved, type_, reason, message);
+                };
+                match restart::observe(h, base.modules.get(key).map(|m| &m.report), now) {
                     restart::Observed::Started => {
-                        self.events.event(&e.pod, NORMAL, "Started", format!("Started module {key} on base {id}"))
+                        event(NORMAL, "Started", format!("Started module {key} on base {id}"))
                     }
-                    restart::Observed::Ended(end) if end.failed => self.events.event(
-                        &e.pod,
+                    restart::Observed::Ended(end) if end.failed => event(
                         WARNING,
                         "Failed",
                         format!("Module {key} failed on base {id}: {}: {}", end.reason, end.message),
                     ),
-                    restart::Observed::Ended(_) => self.events.event(
-                        &e.pod,
-                        NORMAL,
-                        "Uninstalled",
-                        format!("Module {key} is no longer on base {id}"),
-                    ),
+                    restart::Observed::Ended(_) => {
+                        event(NORMAL, "Uninstalled", format!("Module {key} is no longer on base {id}"))
+                    }
                     restart::Observed::Nothing => {}
                 }
-                match restart::decide(h, policy.as_deref(), now) {
+                match restart::decide(h, e.restart_policy.as_deref(), now) {
                     restart::Next::Keep => {
                         if h.pending.is_some() {
-                            held.insert(key.clone());
+                            held.insert(key.to_string());
                         }
                     }
                     restart::Next::Restart => {
                         restart::restarted(h);
-                        restarts.push((key.clone(), c.clone(), pk.clone()));
+                        restarts.push((m.spec.clone(), pk.clone()));
                     }
                     restart::Next::BackOff { delay, .. } => {
-                        held.insert(key.clone());
+                        held.insert(key.to_string());
                         waits = true;
                         if !h.backoff_reported {
                             h.backoff_reported = true;
-                            let (name, ns, uid) = pod_names(&e.pod);
-                            let message = common::backoff::message(delay, &c.name, &name, &ns, &uid);
-                            self.events.event(&e.pod, WARNING, "BackOff", message);
+                            let (namespace, name) = e.key.split_once('/').unwrap_or(("", &e.key));
+                            let uid = e.uid.as_deref().unwrap_or_default();
+                            let message = common::backoff::message(delay, m.spec.name(), name, namespace, uid);
+                            event(WARNING, "BackOff", message);
                         }
                     }
                 }
@@ -940,12 +1008,12 @@ impl Controller {
                 self.backing_off.remove(pk);
             }
         }
-        for (key, c, pk) in restarts {
-            tracing::info!(base = %id, module = %key, pod = %pk, "restarting module");
+        for (c, pk) in restarts {
+            tracing::info!(base = %id, module = %c.key(), pod = %pk, "restarting module");
             if let Some(b) = self.bases.get_mut(id) {
-                b.installs.remove(&key);
+                b.installs.remove(c.key());
             }
-            self.install(id, &key, &c, &pk);
+            self.install(id, &c, &pk);
         }
         held
     }
@@ -954,28 +1022,29 @@ impl Controller {
     /// served any more).
     fn finish_deletions(&mut self, id: &str) {
         let active = self.bases.get(id).is_some_and(|b| b.active());
-        let keys: Vec<String> = self.pods_by_base.get(id).into_iter().flatten().cloned().collect();
+        let keys: Vec<Arc<str>> = self.pods_by_base.get(id).into_iter().flatten().cloned().collect();
         let desired = self.desired(id);
         for k in keys {
             let Some(e) = self.pods.get(&k) else { continue };
             if !e.deleting() || e.delete_sent {
                 continue;
             }
-            let remaining: Vec<(String, Arc<Container>)> = match self.bases.get(id) {
+            let remaining: Vec<Arc<ModuleSpec>> = match self.bases.get(id) {
                 Some(b) if active => e
-                    .keys
+                    .modules
                     .iter()
-                    .filter(|(key, _)| !desired.contains_key(*key))
-                    .filter(|(key, _)| b.modules.contains_key(*key) || b.installs.contains_key(*key))
-                    .map(|(key, c)| (key.clone(), c.clone()))
+                    .map(|m| &m.spec)
+                    .filter(|c| !desired.contains(c.key()))
+                    .filter(|c| b.modules.contains_key(c.key()) || b.installs.contains_key(c.key()))
+                    .cloned()
                     .collect(),
                 _ => vec![],
             };
             if remaining.is_empty() {
                 self.delete_pod(&k);
             } else {
-                for (key, c) in remaining {
-                    self.uninstall(id, &key, &c, &k);
+                for c in remaining {
+                    self.uninstall(id, &c, &k);
                 }
             }
         }
@@ -984,12 +1053,12 @@ impl Controller {
     fn delete_pod(&mut self, key: &str) {
         let Some(e) = self.pods.get_mut(key) else { return };
         e.delete_sent = true;
-        let ns = e.pod.namespace().unwrap_or_default();
-        let name = e.pod.name_any();
-        let uid = e.pod.metadata.uid.clone();
+        let (ns, name) = e.names();
+        let (ns, name) = (ns.to_string(), name.to_string());
+        let uid = e.uid.as_deref().map(String::from);
         let client = self.client.clone();
         tracing::info!(pod = %key, "modules uninstalled; removing pod");
-        self.writer.submit(format!("delete/{key}"), async move {
+        self.writer.submit(format!("delete/{key}"), move || async move {
             if let Err(e) = kubeio::delete_pod(&client, &ns, &name, uid).await {
                 tracing::warn!(error = %e, pod = %name, "final pod removal");
             }
@@ -998,7 +1067,22 @@ impl Controller {
 
     /// Patch the status of every pod on the base whose status changed.
     fn refresh_pods(&mut self, id: &str) {
-        let keys: Vec<String> = self.pods_by_base.get(id).into_iter().flatten().cloned().collect();
+        let keys: Vec<Arc<str>> = self.pods_by_base.get(id).into_iter().flatten().cloned().collect();
+        for k in keys {
+            self.refresh_pod(&k);
+        }
+    }
+
+    /// Patch the status of the pods on the base that have the module `module` (a key).
+    fn refresh_pods_with(&mut self, id: &str, module: &str) {
+        let keys: Vec<Arc<str>> = self
+            .pods_by_base
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter(|k| self.pods.get(*k).is_some_and(|e| e.module(module).is_some()))
+            .cloned()
+            .collect();
         for k in keys {
             self.refresh_pod(&k);
         }
@@ -1009,26 +1093,26 @@ impl Controller {
         if e.deleting() {
             return;
         }
-        let Some(base) = self.bases.get(&e.base).filter(|b| b.owned()) else { return };
-        let modules = |k: &str| base.modules.get(k).map(|m| m.data.clone());
+        let Some(base) = self.bases.get(&*e.base).filter(|b| b.owned()) else { return };
+        let modules = |k: &str| base.modules.get(k).map(|m| &m.report);
         let alive = base.liveness == Liveness::Alive;
         let now = unix_now();
-        let policy = e.pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
+        let policy = e.restart_policy.as_deref();
         let restarts = |k: &str| {
-            let h = e.history.get(k)?;
+            let m = e.module(k)?;
+            let h = &m.history;
             let waiting = match restart::decide(h, policy, now) {
                 restart::Next::BackOff { delay, .. } => {
-                    let (name, ns, uid) = pod_names(&e.pod);
-                    let container = e.keys.get(k).map(|c| c.name.clone()).unwrap_or_default();
-                    Some(restart::crash_loop(delay, &container, &name, &ns, &uid))
+                    let (name, ns, uid) = pod_names(e);
+                    Some(restart::crash_loop(delay, m.spec.name(), &name, &ns, &uid))
                 }
                 _ => None,
             };
             Some(mapping::Restarts { count: h.restart_count, last: restart::last_state(h), waiting })
         };
-        let containers: Vec<&Container> = e.keys.iter().map(|(_, c)| &**c).collect();
+        let containers: Vec<&ModuleSpec> = e.modules.iter().map(|m| &*m.spec).collect();
         let status = mapping::pod_status(
-            &e.pod,
+            &e.prior,
             &containers,
             &modules,
             &restarts,
@@ -1045,8 +1129,8 @@ impl Controller {
             return;
         }
         let client = self.client.clone();
-        let ns = e.pod.namespace().unwrap_or_default();
-        let name = e.pod.name_any();
+        let (ns, name) = e.names();
+        let (ns, name) = (ns.to_string(), name.to_string());
         let patch = match kubeio::StatusPatch::new(&status) {
             Ok(p) => p,
             Err(e) => {
@@ -1056,12 +1140,12 @@ impl Controller {
         };
         // Remember what we sent so the same status is not sent again before the watch shows it.
         if let Some(e) = self.pods.get_mut(key) {
-            e.pod.status = Some(PodStatus { container_statuses: None, ..status });
+            e.prior = PriorStatus::of(Some(&status));
             e.sent = digest;
             e.current = Some(digest);
         }
         let (tx, key) = (self.tx.clone(), key.to_string());
-        self.writer.submit(format!("status/{key}"), async move {
+        self.writer.submit(format!("status/{key}"), move || async move {
             if let Err(e) = kubeio::patch_pod_status(&client, &ns, &name, &patch).await {
                 tracing::warn!(error = %e, pod = %name, "patching module pod status");
                 let _ = tx.send(Event::StatusWriteFailed(key));
@@ -1071,49 +1155,81 @@ impl Controller {
 
     // ---------- pods ----------
 
-    fn on_pod(&mut self, pod: Pod) {
-        let key = pod_key(&pod);
+    /// The base id shared by the pods of the base (the index's key when it has one).
+    fn shared_base_id(&self, id: &str) -> Arc<str> {
+        self.pods_by_base.get_key_value(id).map(|(k, _)| k.clone()).unwrap_or_else(|| id.into())
+    }
+
+    fn on_pod(&mut self, pod: PodUpdate) {
+        let PodUpdate { key, uid, resource_version, deleting, node_name, restart_policy, modules, prior, digest } = pod;
         if let Some(seen) = self.seen_in_relist.as_mut() {
             seen.insert(key.clone());
         }
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-        let Some(base_id) = mapping::base_id_of(&node, &self.settings.env).map(|s| s.to_string()) else {
+        let node = node_name.unwrap_or_default();
+        let Some(base_id) = mapping::base_id_of(&node, &self.settings.env) else {
             // Not (yet) bound to a vnode of this env.
-            if let Some(old) = self.pods.get(&key).map(|e| e.pod.clone()) {
-                self.on_pod_deleted(&old);
+            if self.pods.contains_key(key.as_str()) {
+                self.on_pod_deleted(&key);
             }
             return;
         };
-        let mut pod = pod;
-        let keys = Modules::of(pod.spec.as_mut().map(|s| std::mem::take(&mut s.containers)).unwrap_or_default());
-        let previous = self.pods.remove(&key);
-        let (old_keys, delete_sent) = match &previous {
-            Some(p) => (p.keys.clone(), p.delete_sent),
-            None => (Modules::default(), false),
-        };
+        let base_id = self.shared_base_id(base_id);
+        let previous = self.pods.remove(key.as_str());
+        let key: Arc<str> = previous.as_ref().map(|p| p.key.clone()).unwrap_or_else(|| key.into());
+        let delete_sent = previous.as_ref().is_some_and(|p| p.delete_sent);
+        let old_modules: Vec<Arc<ModuleSpec>> =
+            previous.iter().flat_map(|p| p.modules.iter()).map(|m| m.spec.clone()).collect();
         // The restarts and the last status written of the same pod (not of an earlier one of
         // the same name).
-        let same = previous.as_ref().filter(|p| p.pod.metadata.uid == pod.metadata.uid);
-        let history = same.map(|p| p.history.clone()).unwrap_or_default();
+        let same = previous.as_ref().filter(|p| p.uid == uid);
+        let modules: Box<[PodModule]> = modules
+            .into_iter()
+            .map(|spec| {
+                // An unchanged module stays shared (with the base's desired modules and baseline).
+                let spec = match old_modules.iter().find(|m| ***m == spec) {
+                    Some(m) => m.clone(),
+                    None => Arc::new(spec),
+                };
+                let history = same.and_then(|p| p.module(spec.key())).map(|m| m.history.clone()).unwrap_or_default();
+                PodModule { spec, history }
+            })
+            .collect();
         let sent = same.map_or(0, |p| p.sent);
-        let mut current =
-            pod.status.as_ref().filter(|s| s.container_statuses.is_some()).map(mapping::pod_status_digest);
+        // What the base's baseline is made of: whether the pod wants the same modules as before.
+        let wants_same = previous.as_ref().is_some_and(|p| {
+            p.deleting == deleting
+                && p.base == base_id
+                && p.modules.len() == modules.len()
+                && p.modules.iter().zip(modules.iter()).all(|(a, b)| Arc::ptr_eq(&a.spec, &b.spec))
+        });
+        let (mut prior, mut current) = (prior, digest);
         // Keep our last sent status if the watch has not caught up with it yet.
-        if let Some(prev) = &previous {
-            if pod.metadata.resource_version == prev.pod.metadata.resource_version {
-                pod.status = prev.pod.status.clone();
+        if let Some(prev) = previous {
+            if resource_version == prev.resource_version {
+                prior = prev.prior;
                 current = prev.current;
             }
         }
-        if let Some(s) = pod.status.as_mut() {
-            s.container_statuses = None;
-        }
-        let entry = PodEntry { pod, base: base_id.clone(), keys: keys.clone(), delete_sent, history, sent, current };
-        let deleting = entry.deleting();
+        let entry = PodEntry {
+            key: key.clone(),
+            uid,
+            resource_version,
+            deleting,
+            base: base_id.clone(),
+            restart_policy,
+            modules,
+            prior,
+            delete_sent,
+            sent,
+            current,
+        };
+        let new_keys: Vec<Arc<ModuleSpec>> = entry.modules.iter().map(|m| m.spec.clone()).collect();
         self.pods.insert(key.clone(), Box::new(entry));
         self.pods_by_base.entry(base_id.clone()).or_default().insert(key.clone());
-        self.update_baseline(&base_id);
-        let active = self.bases.get(&base_id).is_some_and(|b| b.active());
+        if !wants_same {
+            self.update_baseline(&base_id);
+        }
+        let active = self.bases.get(&*base_id).is_some_and(|b| b.active());
         if deleting {
             self.finish_deletions(&base_id);
             return;
@@ -1123,43 +1239,53 @@ impl Controller {
         }
         // Update: modules removed from the pod are uninstalled before the new ones go in.
         let desired = self.desired(&base_id);
-        for (k, c) in old_keys.iter().filter(|(k, _)| !keys.contains_key(k) && !desired.contains_key(*k)) {
-            self.uninstall(&base_id, k, c, &key);
+        for c in old_modules.iter().filter(|c| !new_keys.iter().any(|n| n.key() == c.key())) {
+            if !desired.contains(c.key()) {
+                self.uninstall(&base_id, c, &key);
+            }
         }
-        let reported = self.bases.get(&base_id).is_some_and(|b| b.modules_reported);
+        let reported = self.bases.get(&*base_id).is_some_and(|b| b.modules_reported);
         let held = self.restart_modules(&base_id);
-        for (k, c) in keys.iter().filter(|(k, _)| !held.contains(*k)) {
-            let present = self.bases.get(&base_id).is_some_and(|b| b.modules.contains_key(k));
+        for c in new_keys.iter().filter(|c| !held.contains(c.key())) {
+            let present = self.bases.get(&*base_id).is_some_and(|b| b.modules.contains_key(c.key()));
             if reported && !present {
-                self.install(&base_id, k, c, &key);
+                self.install(&base_id, c, &key);
             }
         }
         self.refresh_pod(&key);
     }
 
-    fn on_pod_deleted(&mut self, pod: &Pod) {
-        let key = pod_key(pod);
-        let Some(entry) = self.pods.remove(&key) else { return };
-        self.backing_off.remove(&key);
+    fn on_pod_deleted(&mut self, key: &str) {
+        let Some(entry) = self.pods.remove(key) else { return };
+        self.backing_off.remove(key);
         if let Some(set) = self.pods_by_base.get_mut(&entry.base) {
-            set.remove(&key);
+            set.remove(key);
+            if set.is_empty() {
+                self.pods_by_base.remove(&entry.base);
+            }
         }
         self.update_baseline(&entry.base);
         // Deleted without passing through graceful deletion: uninstall what no one else needs.
         let desired = self.desired(&entry.base);
-        for (k, c) in entry.keys.iter().filter(|(k, _)| !desired.contains_key(*k)) {
-            let present =
-                self.bases.get(&entry.base).is_some_and(|b| b.modules.contains_key(k) || b.installs.contains_key(k));
+        for c in entry.modules.iter().map(|m| &m.spec).filter(|c| !desired.contains(c.key())) {
+            let present = self
+                .bases
+                .get(&*entry.base)
+                .is_some_and(|b| b.modules.contains_key(c.key()) || b.installs.contains_key(c.key()));
             if present {
-                self.uninstall(&entry.base, k, c, &key);
+                self.uninstall(&entry.base, c, key);
             }
         }
     }
 
     fn update_baseline(&self, id: &str) {
-        let containers: Vec<Arc<Container>> = self.desired(id).into_values().collect();
+        let modules: Vec<Arc<ModuleSpec>> = self.desired(id).into_iter().map(|m| m.0).collect();
         if let Ok(mut b) = self.baselines.write() {
-            b.insert(id.to_string(), containers);
+            if modules.is_empty() {
+                b.remove(id);
+            } else {
+                b.insert(id.to_string(), modules);
+            }
         }
     }
 

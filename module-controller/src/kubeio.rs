@@ -1,6 +1,7 @@
 //! The thin API shell of the controller: Node create/patch, Lease acquire/renew (holder =
 //! this replica's client id), pod status patch, final pod removal. Every function does one
-//! request (or a get-then-write) and reports errors to the caller.
+//! request (or a get-then-write) and reports errors to the caller. Status patches do not
+//! decode the object the apiserver answers with: the controller has no use for it.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::Resource;
 use serde_json::json;
 
 use crate::metrics::METRICS;
@@ -40,27 +42,57 @@ pub async fn ensure_lease_namespace(client: &kube::Client) {
     }
 }
 
+/// The vnode Lease as this replica last wrote it (without managedFields): the next renewal
+/// writes it again with one request, a compare-and-swap on its resourceVersion, as the
+/// kubelet renews its node Lease from its last copy; if the Lease changed since (409), the
+/// renewal reads it and decides again.
+pub type KnownLease = Box<Lease>;
+
+fn known(mut lease: Lease) -> KnownLease {
+    lease.metadata.managed_fields = None;
+    Box::new(lease)
+}
+
 /// One acquire-or-renew of the vnode's Lease (name = node name), compare-and-swap on its
-/// resourceVersion (the decision is `common::leader::decide`).
+/// resourceVersion (the decision is `common::leader::decide`). From `last` (what this
+/// replica wrote last) a renewal is one write; otherwise, or when the Lease changed since,
+/// it is a read then a write. Returns the outcome and, when held, the Lease as written.
 pub async fn acquire_or_renew_lease(
     client: &kube::Client,
     node_name: &str,
     identity: &str,
     duration: Duration,
-) -> LeaseOutcome {
+    last: Option<KnownLease>,
+) -> (LeaseOutcome, Option<KnownLease>) {
     let api: Api<Lease> = Api::namespaced(client.clone(), NODE_LEASE_NAMESPACE);
+    if let Some(mut lease) = last {
+        let decision = common::leader::decide(lease.spec.as_ref(), identity, duration, Timestamp::now());
+        if let common::leader::Decision::Update(spec) = decision {
+            lease.spec = Some(spec);
+            METRICS.api_writes.with_label_values(&["lease"]).inc();
+            match api.replace(node_name, &PostParams::default(), &lease).await {
+                Ok(written) => return (LeaseOutcome::Held, Some(known(written))),
+                // Changed since this replica wrote it: read it and decide again.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, lease = %node_name, "renewing vnode lease");
+                    return (LeaseOutcome::Failed, None);
+                }
+            }
+        }
+    }
     let current = match api.get_opt(node_name).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, lease = %node_name, "reading vnode lease");
-            return LeaseOutcome::Failed;
+            return (LeaseOutcome::Failed, None);
         }
     };
     METRICS.api_writes.with_label_values(&["lease"]).inc();
     let decision =
         common::leader::decide(current.as_ref().and_then(|l| l.spec.as_ref()), identity, duration, Timestamp::now());
     let result = match decision {
-        common::leader::Decision::Wait => return LeaseOutcome::HeldByOther,
+        common::leader::Decision::Wait => return (LeaseOutcome::HeldByOther, None),
         common::leader::Decision::Create(spec) => {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -70,20 +102,20 @@ pub async fn acquire_or_renew_lease(
                 },
                 spec: Some(spec),
             };
-            api.create(&PostParams::default(), &lease).await.map(|_| ())
+            api.create(&PostParams::default(), &lease).await
         }
         common::leader::Decision::Update(spec) => {
             let mut lease = current.unwrap_or_default();
             lease.spec = Some(spec);
-            api.replace(node_name, &PostParams::default(), &lease).await.map(|_| ())
+            api.replace(node_name, &PostParams::default(), &lease).await
         }
     };
     match result {
-        Ok(()) => LeaseOutcome::Held,
-        Err(kube::Error::Api(e)) if e.code == 409 => LeaseOutcome::HeldByOther,
+        Ok(written) => (LeaseOutcome::Held, Some(known(written))),
+        Err(kube::Error::Api(e)) if e.code == 409 => (LeaseOutcome::HeldByOther, None),
         Err(e) => {
             tracing::warn!(error = %e, lease = %node_name, "writing vnode lease");
-            LeaseOutcome::Failed
+            (LeaseOutcome::Failed, None)
         }
     }
 }
@@ -122,10 +154,17 @@ pub async fn ensure_node(client: &kube::Client, node: &Node) -> anyhow::Result<(
 }
 
 pub async fn patch_node_status(client: &kube::Client, name: &str, patch: &StatusPatch) -> anyhow::Result<()> {
-    let api: Api<Node> = Api::all(client.clone());
     METRICS.api_writes.with_label_values(&["node_status"]).inc();
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch.0)).await?;
+    patch_status(client, Node::url_path(&(), None), name, patch).await?;
     Ok(())
+}
+
+/// A merge patch of `{url_path}/{name}/status`; the object answered is not decoded.
+async fn patch_status(client: &kube::Client, url_path: String, name: &str, patch: &StatusPatch) -> kube::Result<()> {
+    let req = kube::core::Request::new(url_path)
+        .patch_subresource("status", name, &PatchParams::default(), &Patch::Merge(&patch.0))
+        .map_err(kube::Error::BuildRequest)?;
+    client.request_text(req).await.map(drop)
 }
 
 /// A merge patch `{"status": …}`, serialized when it is made: writes wait in the background
@@ -140,9 +179,8 @@ impl StatusPatch {
 
 /// Patch a module pod's status; a pod already gone is fine.
 pub async fn patch_pod_status(client: &kube::Client, ns: &str, name: &str, patch: &StatusPatch) -> anyhow::Result<()> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     METRICS.api_writes.with_label_values(&["pod_status"]).inc();
-    match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch.0)).await {
+    match patch_status(client, Pod::url_path(&(), Some(ns)), name, patch).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),

@@ -8,8 +8,8 @@
 //! - [`mapping`]: pure mappings base ⇄ Node, modules ⇄ pod status;
 //! - [`restart`]: modules restarted per `restartPolicy` with the kubelet's back-off (pure);
 //! - [`mqtt`], [`http_tunnel`]: the two tunnels;
-//! - [`controller`]: the node and pod providers (one actor), [`kubeio`] its API calls,
-//!   [`writer`] coalesced background writes;
+//! - [`controller`]: the node and pod providers (one actor), [`modulepod`] the compact
+//!   module pods it keeps, [`kubeio`] its API calls, [`writer`] coalesced background writes;
 //! - [`kubelet_api`]: the vnodes' kubelet API (module logs through the bases' arklets);
 //! - [`base`]: the reference base program (real module hosting and `--simulate N`).
 
@@ -20,6 +20,7 @@ pub mod kubeio;
 pub mod kubelet_api;
 pub mod mapping;
 pub mod metrics;
+pub mod modulepod;
 pub mod mqtt;
 pub mod protocol;
 pub mod restart;

@@ -73,6 +73,11 @@ struct Args {
     /// Module query period, seconds.
     #[arg(long, default_value_t = 15.0)]
     query_interval: f64,
+    /// Seconds a vnode status whose only change is capacity/allocatable (the base's
+    /// metaspace, which moves with each module) waits after the last write; conditions are
+    /// written at once.
+    #[arg(long, default_value_t = 30.0)]
+    node_resources_update_interval: f64,
     /// Log filter.
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -82,7 +87,7 @@ fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.05))
 }
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     common::init_tracing(&args.log_level);
@@ -101,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
     settings.unreachable_after = secs(args.base_unreachable_after);
     settings.health_interval = secs(args.health_interval);
     settings.query_interval = secs(args.query_interval);
+    settings.resources_interval = secs(args.node_resources_update_interval);
 
     // The vnodes' kubelet API first: its port is what the vnodes publish.
     let node_ip = args

@@ -4,16 +4,22 @@
 //!   addresses, capacity, conditions);
 //! - the modules a base reports → [`ContainerStatusData`]; those → container states and the
 //!   module pod's phase and conditions;
-//! - a module pod's container → the `installBiz` body and the module key `name:version`.
+//! - a module pod's container → the `installBiz` body and the module key `name:version`, and
+//!   the compact [`ModuleSpec`] the controller keeps of it;
+//! - what a pod's and a vnode's next status build on and are compared with, kept instead of
+//!   the statuses themselves ([`PriorStatus`], [`NodeStatusMemo`]), and when a vnode's status
+//!   is due ([`node_status_due`]).
 //!
 //! No I/O here: everything takes "now" as an argument so it is unit-testable.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerState as K8sContainerState, ContainerStateRunning, ContainerStateTerminated,
-    ContainerStateWaiting, ContainerStatus, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints,
-    NodeSpec, NodeStatus, NodeSystemInfo, Pod, PodCondition, PodIP, PodStatus, Taint,
+    ContainerStateWaiting, ContainerStatus, DaemonEndpoint, EnvVar, Node, NodeAddress, NodeCondition,
+    NodeDaemonEndpoints, NodeSpec, NodeStatus, NodeSystemInfo, PodCondition, PodIP, PodStatus, Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -22,8 +28,8 @@ use k8s_openapi::jiff::Timestamp;
 use crate::protocol::{BizModel, BizOperationResponse, HealthResponse, HeartbeatData, SimpleBizInfo, CODE_SUCCESS};
 pub use crate::tunnel::{biz_version, container_key, ENV_BIZ_VERSION};
 use crate::tunnel::{
-    ContainerOperationResponse, ContainerState, ContainerStatusData, NetworkInfo, NodeInfo, NodeMetadata, NodeResource,
-    NodeState, NodeStatusData, OperationResult,
+    ContainerOperationResponse, ContainerState, ContainerStatusData, ModuleReport, NetworkInfo, NodeInfo, NodeMetadata,
+    NodeResource, NodeState, NodeStatusData, OperationResult,
 };
 
 pub const LABEL_COMPONENT: &str = "virtual-kubelet.koupleless.io/component";
@@ -162,6 +168,70 @@ pub fn biz_model(c: &Container) -> BizModel {
     BizModel { biz_name: c.name.clone(), biz_version: biz_version(c), biz_url: c.image.clone().unwrap_or_default() }
 }
 
+/// A module pod's container as the controller keeps it: its key (`name:version`, the name
+/// being the first `name_len` bytes) and its image (the module's URL) — what installs,
+/// statuses and baselines read of it. A `Container` is over 2 KB before any of its strings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleSpec {
+    key: Box<str>,
+    name_len: usize,
+    image: Option<Box<str>>,
+}
+
+impl ModuleSpec {
+    pub fn new(name: &str, version: &str, image: Option<&str>) -> Self {
+        ModuleSpec {
+            key: crate::protocol::biz_key(name, version).into(),
+            name_len: name.len(),
+            image: image.map(Into::into),
+        }
+    }
+
+    /// The module of a container: its name, `BIZ_VERSION` and image.
+    pub fn of(c: &Container) -> Self {
+        Self::new(&c.name, &biz_version(c), c.image.as_deref())
+    }
+
+    /// `name:version`, as bases report the module ([`container_key`] of its container).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn name(&self) -> &str {
+        self.key.get(..self.name_len).unwrap_or_default()
+    }
+
+    pub fn version(&self) -> &str {
+        self.key.get(self.name_len + 1..).unwrap_or_default()
+    }
+
+    pub fn image(&self) -> Option<&str> {
+        self.image.as_deref()
+    }
+
+    /// The container the tunnels take (name, image, `BIZ_VERSION`), made when a command is sent.
+    pub fn container(&self) -> Container {
+        Container {
+            name: self.name().into(),
+            image: self.image.as_deref().map(Into::into),
+            env: Some(vec![EnvVar {
+                name: ENV_BIZ_VERSION.into(),
+                value: Some(self.version().into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+}
+
+/// `s` as a `'static` string when it is one of `known` (no copy kept), else owned.
+pub fn interned(s: String, known: &[&'static str]) -> Cow<'static, str> {
+    match known.iter().find(|k| **k == s) {
+        Some(k) => Cow::Borrowed(k),
+        None => Cow::Owned(s),
+    }
+}
+
 /// The vnode's labels.
 pub fn node_labels(base_id: &str, env: &str, tunnel: &str, info: &NodeInfo) -> BTreeMap<String, String> {
     let mut l = BTreeMap::new();
@@ -234,7 +304,7 @@ pub fn node_status(
     kubelet: &KubeletEndpoint,
     data: Option<&NodeStatusData>,
     liveness: Liveness,
-    previous: Option<&NodeStatus>,
+    previous: Option<&NodeStatusMemo>,
     now: Timestamp,
 ) -> NodeStatus {
     let t = Time(now);
@@ -274,10 +344,10 @@ pub fn node_status(
             conditions.push(c.clone());
         }
     }
-    if let Some(prev) = previous.and_then(|p| p.conditions.as_ref()) {
+    if let Some(prev) = previous {
         for c in conditions.iter_mut() {
-            if let Some(p) = prev.iter().find(|p| p.type_ == c.type_ && p.status == c.status) {
-                c.last_transition_time = p.last_transition_time.clone();
+            if let Some(t) = prev.transitions.iter().find(|t| t.type_ == c.type_ && t.status == c.status) {
+                c.last_transition_time = read_time(t.at);
             }
         }
     }
@@ -308,21 +378,133 @@ pub fn node_status(
     }
 }
 
+/// A node status without what changes at every write (heartbeat and transition times,
+/// node info), conditions by type: what [`node_status_changed`] compares.
+fn comparable(s: &NodeStatus) -> NodeStatus {
+    let mut s = s.clone();
+    if let Some(cs) = s.conditions.as_mut() {
+        for c in cs.iter_mut() {
+            c.last_heartbeat_time = None;
+            c.last_transition_time = None;
+        }
+        cs.sort_by(|x, y| x.type_.cmp(&y.type_));
+    }
+    s.node_info = None;
+    s
+}
+
 /// Whether two node statuses differ in anything but heartbeat times.
 pub fn node_status_changed(a: &NodeStatus, b: &NodeStatus) -> bool {
-    fn strip(s: &NodeStatus) -> NodeStatus {
-        let mut s = s.clone();
-        if let Some(cs) = s.conditions.as_mut() {
-            for c in cs.iter_mut() {
-                c.last_heartbeat_time = None;
-                c.last_transition_time = None;
-            }
-            cs.sort_by(|x, y| x.type_.cmp(&y.type_));
+    comparable(a) != comparable(b)
+}
+
+fn digest_of<T: serde::Serialize>(v: &T) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(v).unwrap_or_default().hash(&mut h);
+    h.finish()
+}
+
+/// What a vnode's next status is compared with and builds on, kept per base instead of the
+/// status last written (kilobytes with its conditions, maps and node info): digests of what
+/// [`node_status_changed`] compares — capacity and allocatable apart from the rest — and the
+/// conditions' transition times.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeStatusMemo {
+    /// Of everything compared but capacity and allocatable.
+    digest: u64,
+    /// Of capacity and allocatable.
+    resources: u64,
+    /// Of each condition.
+    transitions: Box<[Transition]>,
+}
+
+/// A vnode condition's type and status, and when it took that status (as [`kept_time`]).
+#[derive(Clone, Debug, PartialEq)]
+struct Transition {
+    type_: Cow<'static, str>,
+    status: Cow<'static, str>,
+    at: i64,
+}
+
+/// What writing a vnode's status would change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeStatusChange {
+    None,
+    /// Only capacity or allocatable (the base's metaspace figures, which move with every
+    /// module it installs).
+    Resources,
+    /// Conditions, addresses, endpoints (and maybe resources).
+    Other,
+}
+
+/// The figures of capacity and allocatable, and the rest of what [`node_status_changed`]
+/// compares — with the names of the resources: one that appears (the base's first health
+/// report) or goes is no mere change of figures.
+fn split_resources(s: &NodeStatus) -> (NodeStatus, NodeStatus) {
+    let mut rest = comparable(s);
+    let resources =
+        NodeStatus { capacity: rest.capacity.clone(), allocatable: rest.allocatable.clone(), ..Default::default() };
+    let names = |m: &mut Option<BTreeMap<String, Quantity>>| {
+        for q in m.iter_mut().flat_map(|m| m.values_mut()) {
+            q.0.clear();
         }
-        s.node_info = None;
-        s
+    };
+    names(&mut rest.capacity);
+    names(&mut rest.allocatable);
+    (rest, resources)
+}
+
+/// Whether a vnode's status is to be written now: at once when its conditions, addresses or
+/// endpoints changed (or none was written yet); when only capacity or allocatable did, once
+/// `resources_interval` has passed since the last write (`since_write`), so that a base whose
+/// figures move at every health report does not make a write each time. Until then the next
+/// health report asks again.
+pub fn node_status_due(change: NodeStatusChange, since_write: Duration, resources_interval: Duration) -> bool {
+    match change {
+        NodeStatusChange::None => false,
+        NodeStatusChange::Resources => since_write >= resources_interval,
+        NodeStatusChange::Other => true,
     }
-    strip(a) != strip(b)
+}
+
+impl NodeStatusMemo {
+    pub fn of(s: &NodeStatus) -> Self {
+        const TYPES: [&str; 5] = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"];
+        const STATUSES: [&str; 3] = ["True", "False", "Unknown"];
+        let (rest, resources) = split_resources(s);
+        NodeStatusMemo {
+            digest: digest_of(&rest),
+            resources: digest_of(&resources),
+            transitions: s
+                .conditions
+                .iter()
+                .flatten()
+                .map(|c| Transition {
+                    type_: interned(c.type_.clone(), &TYPES),
+                    status: interned(c.status.clone(), &STATUSES),
+                    at: kept_time(c.last_transition_time.as_ref()),
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether `s` differs from the status remembered, as [`node_status_changed`] tells.
+    pub fn changed(&self, s: &NodeStatus) -> bool {
+        self.change(s) != NodeStatusChange::None
+    }
+
+    /// What `s` changes of the status remembered.
+    pub fn change(&self, s: &NodeStatus) -> NodeStatusChange {
+        let (rest, resources) = split_resources(s);
+        if digest_of(&rest) != self.digest {
+            NodeStatusChange::Other
+        } else if digest_of(&resources) != self.resources {
+            NodeStatusChange::Resources
+        } else {
+            NodeStatusChange::None
+        }
+    }
 }
 
 /// The whole vnode object (metadata, spec, status).
@@ -373,12 +555,12 @@ pub struct Restarts {
 
 /// One container's status from the base's report of its module (`None` = not reported).
 pub fn container_status(
-    c: &Container,
-    data: Option<&ContainerStatusData>,
+    c: &ModuleSpec,
+    data: Option<&ModuleReport>,
     restarts: Option<&Restarts>,
     now: Timestamp,
 ) -> ContainerStatus {
-    let key = container_key(c);
+    let key = c.key();
     let (state, ready) = match data {
         None => (None, false),
         Some(d) => match d.state {
@@ -393,8 +575,8 @@ pub fn container_status(
                 Some(K8sContainerState {
                     terminated: Some(ContainerStateTerminated {
                         exit_code: 0,
-                        reason: Some(if d.reason.is_empty() { "Stopped".into() } else { d.reason.clone() }),
-                        message: (!d.message.is_empty()).then(|| d.message.clone()),
+                        reason: Some(if d.reason.is_empty() { "Stopped".into() } else { d.reason.to_string() }),
+                        message: (!d.message.is_empty()).then(|| d.message.to_string()),
                         finished_at: Some(time_ms(d.change_time_ms, now)),
                         ..Default::default()
                     }),
@@ -405,7 +587,11 @@ pub fn container_status(
             _ => (
                 Some(K8sContainerState {
                     waiting: Some(ContainerStateWaiting {
-                        reason: Some(if d.reason.is_empty() { d.state.as_str().to_string() } else { d.reason.clone() }),
+                        reason: Some(if d.reason.is_empty() {
+                            d.state.as_str().to_string()
+                        } else {
+                            d.reason.to_string()
+                        }),
                         message: Some(if d.message.is_empty() {
                             format!("module {} is {}", key, d.state.as_str())
                         } else {
@@ -423,8 +609,8 @@ pub fn container_status(
         None => (state, ready),
     };
     ContainerStatus {
-        name: c.name.clone(),
-        image: c.image.clone().unwrap_or_default(),
+        name: c.name().into(),
+        image: c.image().unwrap_or_default().into(),
         image_id: String::new(),
         container_id: data.map(|_| format!("koupleless://{key}")),
         ready,
@@ -440,29 +626,111 @@ pub fn container_status(
 
 const OWNED_CONDITIONS: [&str; 4] = ["PodScheduled", "Initialized", "ContainersReady", "Ready"];
 
+/// A time as epoch seconds, what a `Time` shows (it is written to the second).
+fn seconds(t: &Time) -> i64 {
+    t.0.as_second()
+}
+
+fn from_seconds(s: i64) -> Option<Time> {
+    Timestamp::from_second(s).ok().map(Time)
+}
+
+/// A time kept in [`PriorStatus`]: epoch seconds, [`NO_TIME`] for none (half the room of
+/// an `Option<i64>`, in a record kept per pod).
+const NO_TIME: i64 = i64::MIN;
+
+fn kept_time(t: Option<&Time>) -> i64 {
+    t.map_or(NO_TIME, seconds)
+}
+
+fn read_time(s: i64) -> Option<Time> {
+    (s != NO_TIME).then(|| from_seconds(s)).flatten()
+}
+
+/// What a module pod's next status builds on, kept per pod instead of its last status (over
+/// 2 KB with its conditions): the transition times of the conditions this controller owns,
+/// the pod's other conditions, `startTime` and `qosClass`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PriorStatus {
+    /// `lastTransitionTime` (as [`kept_time`]) of the first condition of each type of
+    /// [`OWNED_CONDITIONS`] with status False (`[i][0]`) and True (`[i][1]`).
+    transitions: [[i64; 2]; 4],
+    /// Conditions of other types, kept as they are.
+    others: Box<[PodCondition]>,
+    start_time: i64,
+    qos_class: Option<Cow<'static, str>>,
+}
+
+impl Default for PriorStatus {
+    fn default() -> Self {
+        PriorStatus::of(None)
+    }
+}
+
+impl PriorStatus {
+    /// What `status` (the pod's, or the one last written) leaves for the next one.
+    pub fn of(status: Option<&PodStatus>) -> Self {
+        let Some(s) = status else {
+            return PriorStatus {
+                transitions: [[NO_TIME; 2]; 4],
+                others: Box::default(),
+                start_time: NO_TIME,
+                qos_class: None,
+            };
+        };
+        // Some(NO_TIME): found without a time, which reads as not found.
+        let mut transitions: [[Option<i64>; 2]; 4] = [[None; 2]; 4];
+        let mut others = Vec::new();
+        for c in s.conditions.iter().flatten() {
+            let Some(i) = OWNED_CONDITIONS.iter().position(|t| *t == c.type_) else {
+                others.push(c.clone());
+                continue;
+            };
+            let j = match c.status.as_str() {
+                "False" => 0,
+                "True" => 1,
+                _ => continue,
+            };
+            // The first condition of the type and status counts, as a search finds it.
+            if let Some(slot) = transitions.get_mut(i).and_then(|t| t.get_mut(j)) {
+                if slot.is_none() {
+                    *slot = Some(kept_time(c.last_transition_time.as_ref()));
+                }
+            }
+        }
+        PriorStatus {
+            transitions: transitions.map(|t| t.map(|s| s.unwrap_or(NO_TIME))),
+            others: others.into_boxed_slice(),
+            start_time: kept_time(s.start_time.as_ref()),
+            qos_class: s.qos_class.clone().map(|q| interned(q, &["BestEffort", "Burstable", "Guaranteed"])),
+        }
+    }
+
+    /// The transition time of the owned condition `type_` with status True (`ok`) or False.
+    fn transition(&self, type_: &str, ok: bool) -> Option<Time> {
+        let i = OWNED_CONDITIONS.iter().position(|t| *t == type_)?;
+        read_time(*self.transitions.get(i)?.get(usize::from(ok))?)
+    }
+}
+
 /// The module pod's status from the modules its base reports (keyed `name:version`):
 /// all containers ready → Running/Ready; some started → Running, not ready; none → Pending.
 /// While the base is silent (`base_alive` false) the pod is not Ready (`NodeNotReady`), as
 /// Kubernetes' node lifecycle controller marks pods of a NotReady node.
-/// Transition times and `startTime` are kept from the pod's current status when unchanged.
-/// `containers` are the pod's, in its spec's order (the controller keeps them apart from the pod).
+/// Transition times and `startTime` are kept from the pod's current status (`prior`) when
+/// unchanged. `containers` are the pod's modules, in its spec's order.
 #[allow(clippy::too_many_arguments)]
-pub fn pod_status(
-    pod: &Pod,
-    containers: &[&Container],
-    modules: &dyn Fn(&str) -> Option<ContainerStatusData>,
+pub fn pod_status<'m>(
+    prior: &PriorStatus,
+    containers: &[&ModuleSpec],
+    modules: &dyn Fn(&str) -> Option<&'m ModuleReport>,
     restarts: &dyn Fn(&str) -> Option<Restarts>,
     host_ip: &str,
     base_alive: bool,
     now: Timestamp,
 ) -> PodStatus {
-    let mut statuses: Vec<ContainerStatus> = containers
-        .iter()
-        .map(|c| {
-            let key = container_key(c);
-            container_status(c, modules(&key).as_ref(), restarts(&key).as_ref(), now)
-        })
-        .collect();
+    let mut statuses: Vec<ContainerStatus> =
+        containers.iter().map(|c| container_status(c, modules(c.key()), restarts(c.key()).as_ref(), now)).collect();
     if !base_alive {
         for s in statuses.iter_mut() {
             s.ready = false;
@@ -471,31 +739,20 @@ pub fn pod_status(
     let all_ready = !statuses.is_empty() && statuses.iter().all(|s| s.ready);
     let any_started = statuses.iter().any(|s| s.state.is_some());
     let phase = if any_started { "Running" } else { "Pending" };
-    let prev = pod.status.as_ref();
-    let prev_conds = prev.and_then(|p| p.conditions.clone()).unwrap_or_default();
     let t = Time(now);
-    let cond = |type_: &str, ok: bool, reason: Option<&str>| {
-        let status = if ok { "True" } else { "False" };
-        let last = prev_conds
-            .iter()
-            .find(|c| c.type_ == type_ && c.status == status)
-            .and_then(|c| c.last_transition_time.clone())
-            .unwrap_or_else(|| t.clone());
-        PodCondition {
-            type_: type_.into(),
-            status: status.into(),
-            reason: reason.map(|r| r.to_string()),
-            last_transition_time: Some(last),
-            ..Default::default()
-        }
+    let cond = |type_: &str, ok: bool, reason: Option<&str>| PodCondition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.map(|r| r.to_string()),
+        last_transition_time: Some(prior.transition(type_, ok).unwrap_or_else(|| t.clone())),
+        ..Default::default()
     };
     let not_ready = match (all_ready, base_alive) {
         (true, _) => None,
         (false, false) => Some("NodeNotReady"),
         (false, true) => Some("ContainersNotReady"),
     };
-    let mut conditions: Vec<PodCondition> =
-        prev_conds.iter().filter(|c| !OWNED_CONDITIONS.contains(&c.type_.as_str())).cloned().collect();
+    let mut conditions: Vec<PodCondition> = prior.others.to_vec();
     conditions.push(cond("PodScheduled", true, None));
     conditions.push(cond("Initialized", true, None));
     conditions.push(cond("ContainersReady", all_ready, not_ready));
@@ -508,8 +765,8 @@ pub fn pod_status(
         host_ip: ip.clone(),
         pod_ip: ip.clone(),
         pod_ips: ip.map(|ip| vec![PodIP { ip }]),
-        start_time: prev.and_then(|p| p.start_time.clone()).or(Some(t)),
-        qos_class: prev.and_then(|p| p.qos_class.clone()),
+        start_time: read_time(prior.start_time).or(Some(t)),
+        qos_class: prior.qos_class.as_ref().map(|q| q.to_string()),
         ..Default::default()
     }
 }
@@ -531,17 +788,14 @@ fn owned(s: &PodStatus) -> impl PartialEq + serde::Serialize + '_ {
 /// controller remembers of a status it sent or a pod shows, so that an unchanged status is
 /// not written again.
 pub fn pod_status_digest(s: &PodStatus) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_vec(&owned(s)).unwrap_or_default().hash(&mut h);
-    h.finish()
+    digest_of(&owned(s))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::*;
-    use k8s_openapi::api::core::v1::{EnvVar, PodSpec};
+    use k8s_openapi::api::core::v1::{EnvVar, Pod, PodSpec};
 
     /// The status of `p` with its spec's containers, the modules `modules` reports, no restarts.
     fn status_of(
@@ -551,8 +805,12 @@ mod tests {
         alive: bool,
         at: Timestamp,
     ) -> PodStatus {
-        let containers: Vec<&Container> = p.spec.iter().flat_map(|s| s.containers.iter()).collect();
-        pod_status(p, &containers, modules, &|_| None, ip, alive, at)
+        let specs: Vec<ModuleSpec> = p.spec.iter().flat_map(|s| s.containers.iter()).map(ModuleSpec::of).collect();
+        let reports: Vec<(String, ModuleReport)> =
+            specs.iter().filter_map(|c| modules(c.key())).map(|d| (d.key.clone(), ModuleReport::from(d))).collect();
+        let containers: Vec<&ModuleSpec> = specs.iter().collect();
+        let prior = PriorStatus::of(p.status.as_ref());
+        pod_status(&prior, &containers, &|k| reports.iter().find(|r| r.0 == k).map(|r| &r.1), &|_| None, ip, alive, at)
     }
 
     /// The controller's kubelet endpoint the vnodes publish.
@@ -660,20 +918,50 @@ mod tests {
     fn silent_base_is_ready_unknown_and_only_real_changes_count() {
         let info = heartbeat_to_node_info(&hb()).unwrap();
         let alive = node_status(&info, &kubelet(), None, Liveness::Alive, None, now());
+        let memo = NodeStatusMemo::of(&alive);
         let later = node_status(
             &info,
             &kubelet(),
             None,
             Liveness::Alive,
-            Some(&alive),
+            Some(&memo),
             now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(30)).unwrap(),
         );
         assert!(!node_status_changed(&alive, &later));
-        let silent = node_status(&info, &kubelet(), None, Liveness::Silent, Some(&alive), now());
+        assert!(!memo.changed(&later));
+        // Transition times are kept from the status remembered.
+        for (a, l) in alive.conditions.iter().flatten().zip(later.conditions.iter().flatten()) {
+            assert_eq!((&a.type_, &a.last_transition_time), (&l.type_, &l.last_transition_time));
+        }
+        let silent = node_status(&info, &kubelet(), None, Liveness::Silent, Some(&memo), now());
         assert!(node_status_changed(&alive, &silent));
+        assert_eq!(memo.change(&silent), NodeStatusChange::Other);
+        // The base's metaspace moved: a change of resources only.
+        let mut h = HealthResponse { code: "SUCCESS".into(), ..Default::default() };
+        h.data.health_data.jvm.max_metaspace = 1000.0;
+        h.data.health_data.jvm.committed_metaspace = 300.0;
+        let data = health_to_status(&h).unwrap();
+        let with_memory = node_status(&info, &kubelet(), Some(&data), Liveness::Alive, Some(&memo), now());
+        assert_eq!(memo.change(&with_memory), NodeStatusChange::Other, "memory appears");
+        let memo = NodeStatusMemo::of(&with_memory);
+        h.data.health_data.jvm.committed_metaspace = 400.0;
+        let data = health_to_status(&h).unwrap();
+        let less_memory = node_status(&info, &kubelet(), Some(&data), Liveness::Alive, Some(&memo), now());
+        assert_eq!(memo.change(&less_memory), NodeStatusChange::Resources);
+        assert!(memo.changed(&less_memory));
+        assert_eq!(memo.change(&with_memory), NodeStatusChange::None);
         let ready = silent.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(ready.status, "Unknown");
         assert_eq!(ready.reason.as_deref(), Some("NodeStatusUnknown"));
+    }
+
+    #[test]
+    fn a_change_of_resources_alone_waits_for_its_interval() {
+        let (second, half_minute) = (Duration::from_secs(1), Duration::from_secs(30));
+        assert!(!node_status_due(NodeStatusChange::None, half_minute, half_minute));
+        assert!(node_status_due(NodeStatusChange::Other, second, half_minute));
+        assert!(!node_status_due(NodeStatusChange::Resources, second, half_minute));
+        assert!(node_status_due(NodeStatusChange::Resources, half_minute, half_minute));
     }
 
     #[test]
@@ -683,6 +971,10 @@ mod tests {
         let m = biz_model(&c);
         assert_eq!(m.biz_url, "file:///m/biz1.jar");
         assert_eq!(m.key(), "biz1:0.0.1");
+    }
+
+    fn report(key: &str, state: ContainerState, reason: &str) -> ModuleReport {
+        ModuleReport::from(csd(key, state, reason))
     }
 
     fn csd(key: &str, state: ContainerState, reason: &str) -> ContainerStatusData {
@@ -699,19 +991,20 @@ mod tests {
 
     #[test]
     fn module_states_map_to_container_states() {
-        let c = module("biz1", "0.0.1");
-        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Activated, "")), None, now());
+        let c = ModuleSpec::of(&module("biz1", "0.0.1"));
+        let s = container_status(&c, Some(&report("biz1:0.0.1", ContainerState::Activated, "")), None, now());
         assert!(s.ready && s.state.as_ref().unwrap().running.is_some());
-        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Broken, "DownloadFailed")), None, now());
+        let s =
+            container_status(&c, Some(&report("biz1:0.0.1", ContainerState::Broken, "DownloadFailed")), None, now());
         assert!(!s.ready);
         let w = s.state.unwrap().waiting.unwrap();
         assert_eq!(w.reason.as_deref(), Some("DownloadFailed"));
         assert_eq!(w.message.as_deref(), Some("BROKEN: m"));
         for st in [ContainerState::Resolved, ContainerState::Deactivated] {
-            let s = container_status(&c, Some(&csd("biz1:0.0.1", st, "")), None, now());
+            let s = container_status(&c, Some(&report("biz1:0.0.1", st, "")), None, now());
             assert!(s.state.unwrap().waiting.is_some());
         }
-        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Stopped, "")), None, now());
+        let s = container_status(&c, Some(&report("biz1:0.0.1", ContainerState::Stopped, "")), None, now());
         assert!(s.state.unwrap().terminated.is_some());
         let s = container_status(&c, None, None, now());
         assert!(s.state.is_none() && !s.ready);
@@ -726,14 +1019,15 @@ mod tests {
             }),
             waiting: Some(ContainerStateWaiting { reason: Some("CrashLoopBackOff".into()), message: None }),
         };
-        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Broken, "ModuleExited")), Some(&r), now());
+        let s =
+            container_status(&c, Some(&report("biz1:0.0.1", ContainerState::Broken, "ModuleExited")), Some(&r), now());
         assert_eq!(s.restart_count, 2);
         assert!(!s.ready);
         assert_eq!(s.state.unwrap().waiting.unwrap().reason.as_deref(), Some("CrashLoopBackOff"));
         assert_eq!(s.last_state.unwrap().terminated.unwrap().reason.as_deref(), Some("ModuleExited"));
         // Running again: the count and the last state stay.
         let r = Restarts { waiting: None, ..r };
-        let s = container_status(&c, Some(&csd("biz1:0.0.1", ContainerState::Activated, "")), Some(&r), now());
+        let s = container_status(&c, Some(&report("biz1:0.0.1", ContainerState::Activated, "")), Some(&r), now());
         assert!(s.ready && s.restart_count == 2 && s.last_state.is_some());
     }
 
@@ -782,6 +1076,43 @@ mod tests {
         }
         assert_eq!(pod_status_digest(&s1), pod_status_digest(&s2_later));
         assert_ne!(pod_status_digest(&s1), pod_status_digest(&s3));
+    }
+
+    #[test]
+    fn what_a_status_leaves_for_the_next_one() {
+        let at = |s: i64| Some(Time(Timestamp::from_second(s).unwrap()));
+        let cond = |type_: &str, status: &str, t: Option<Time>| PodCondition {
+            type_: type_.into(),
+            status: status.into(),
+            last_transition_time: t,
+            ..Default::default()
+        };
+        let mut p = pod(vec![module("a", "1")]);
+        p.status = Some(PodStatus {
+            conditions: Some(vec![
+                cond("DisruptionTarget", "True", at(5)),
+                // The first of a type and status counts; one without a time reads as none.
+                cond("Ready", "False", at(10)),
+                cond("Ready", "False", at(20)),
+                cond("ContainersReady", "False", None),
+                cond("Initialized", "Unknown", at(30)),
+            ]),
+            start_time: at(1),
+            qos_class: Some("BestEffort".into()),
+            ..Default::default()
+        });
+        let s = status_of(&p, &|_| None, "ip", true, now());
+        let time_of =
+            |t: &str| s.conditions.iter().flatten().find(|c| c.type_ == t).and_then(|c| c.last_transition_time.clone());
+        assert_eq!(s.conditions.as_ref().unwrap()[0], cond("DisruptionTarget", "True", at(5)));
+        assert_eq!(time_of("Ready"), at(10));
+        assert_eq!(time_of("ContainersReady"), Some(Time(now())));
+        assert_eq!(time_of("Initialized"), Some(Time(now())));
+        assert_eq!((s.start_time, s.qos_class.as_deref()), (at(1), Some("BestEffort")));
+        // No status: everything starts now.
+        assert_eq!(PriorStatus::of(None), PriorStatus::default());
+        p.status = None;
+        assert_eq!(status_of(&p, &|_| None, "ip", true, now()).start_time, Some(Time(now())));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStateWaiting
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::tunnel::{ContainerState, ContainerStatusData};
+use crate::tunnel::{ContainerState, ModuleReport};
 
 /// How one instance of a module ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,16 +27,17 @@ pub struct Ended {
 }
 
 /// One module container's history in its pod. The base forgets a module's earlier
-/// instances; the controller keeps what the kubelet keeps of exited containers.
+/// instances; the controller keeps what the kubelet keeps of exited containers. Every
+/// module container has one: the ended instances are boxed, as most modules never end.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct History {
     pub restart_count: i32,
     /// How the instance before the current one ended (`lastState`).
-    pub last: Option<Ended>,
+    pub last: Option<Box<Ended>>,
     /// When the current instance was seen running (epoch seconds).
     pub started: Option<f64>,
     /// An instance that ended and is not restarted yet.
-    pub pending: Option<Ended>,
+    pub pending: Option<Box<Ended>>,
     /// Whether the back-off of `pending` was reported (one `BackOff` event per instance).
     pub backoff_reported: bool,
 }
@@ -63,7 +64,7 @@ pub enum Next {
 }
 
 /// Take in the base's report of the module (`None`: not on the base), at `now` (epoch seconds).
-pub fn observe(h: &mut History, module: Option<&ContainerStatusData>, now: f64) -> Observed {
+pub fn observe(h: &mut History, module: Option<&ModuleReport>, now: f64) -> Observed {
     let at = module.map(|m| m.change_time_ms as f64 / 1000.0).filter(|t| *t > 0.0).unwrap_or(now);
     match module {
         Some(m) if m.state == ContainerState::Activated => {
@@ -80,8 +81,8 @@ pub fn observe(h: &mut History, module: Option<&ContainerStatusData>, now: f64) 
                 return Observed::Nothing;
             }
             let ended = Ended {
-                reason: if m.reason.is_empty() { "Error".into() } else { m.reason.clone() },
-                message: m.message.clone(),
+                reason: if m.reason.is_empty() { "Error".into() } else { m.reason.to_string() },
+                message: m.message.to_string(),
                 failed: true,
                 started: h.started.take().unwrap_or(at).min(at),
                 finished: at,
@@ -110,7 +111,7 @@ pub fn observe(h: &mut History, module: Option<&ContainerStatusData>, now: f64) 
 }
 
 fn end(h: &mut History, ended: Ended) -> Observed {
-    h.pending = Some(ended.clone());
+    h.pending = Some(Box::new(ended.clone()));
     h.backoff_reported = false;
     Observed::Ended(ended)
 }
@@ -141,7 +142,7 @@ pub fn restarted(h: &mut History) {
 
 /// `lastState.terminated` of the container.
 pub fn last_state(h: &History) -> Option<ContainerStateTerminated> {
-    h.last.as_ref().map(terminated)
+    h.last.as_deref().map(terminated)
 }
 
 /// A container state for an ended instance.
@@ -169,16 +170,8 @@ pub fn crash_loop(delay: Duration, container: &str, pod: &str, namespace: &str, 
 mod tests {
     use super::*;
 
-    fn module(state: ContainerState, at: f64, reason: &str) -> ContainerStatusData {
-        ContainerStatusData {
-            key: "biz1:1.0.0".into(),
-            name: "biz1".into(),
-            pod_key: String::new(),
-            state,
-            change_time_ms: (at * 1000.0) as i64,
-            reason: reason.into(),
-            message: "log tail".into(),
-        }
+    fn module(state: ContainerState, at: f64, reason: &str) -> ModuleReport {
+        ModuleReport { state, change_time_ms: (at * 1000.0) as i64, reason: reason.into(), message: "log tail".into() }
     }
 
     #[test]

@@ -110,6 +110,29 @@ pub struct ContainerStatusData {
     pub message: String,
 }
 
+/// What the controller keeps of a base's report of one module: its state and when it
+/// entered it, and why (the module's key, under which it is kept, names it). A few words
+/// where a [`ContainerStatusData`] is six strings; one per module of every base.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleReport {
+    pub state: ContainerState,
+    /// Milliseconds since the epoch.
+    pub change_time_ms: i64,
+    pub reason: Box<str>,
+    pub message: Box<str>,
+}
+
+impl From<ContainerStatusData> for ModuleReport {
+    fn from(d: ContainerStatusData) -> Self {
+        ModuleReport {
+            state: d.state,
+            change_time_ms: d.change_time_ms,
+            reason: d.reason.into(),
+            message: d.message.into(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OperationResult {
     Success,

@@ -2,6 +2,10 @@
 //! runs, newer writes for the same key replace each other and only the latest runs next.
 //! Status patches of one object therefore never race or pile up, while writes to different
 //! objects run concurrently (bounded by a semaphore).
+//!
+//! A write waits as the closure that makes its request, not as the request's future: an API
+//! call's future holds room for every state of the client's stack (kilobytes), and at scale
+//! thousands of writes wait for the semaphore.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -10,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
 
-type Job = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+type Job = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> + Send + 'static>;
 
 #[derive(Clone)]
 pub struct Writer {
@@ -23,10 +27,14 @@ impl Writer {
         Writer { pending: Arc::new(Mutex::new(HashMap::new())), permits: Arc::new(Semaphore::new(concurrency.max(1))) }
     }
 
-    /// Run `job` for `key` after the key's in-flight write (if any); a job still waiting
-    /// for the same key is replaced.
-    pub fn submit<F: Future<Output = ()> + Send + 'static>(&self, key: String, job: F) {
-        let job: Job = Box::pin(job);
+    /// Run the write `job` makes for `key` after the key's in-flight write (if any); a job
+    /// still waiting for the same key is replaced.
+    pub fn submit<J, F>(&self, key: String, job: J)
+    where
+        J: FnOnce() -> F + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let job: Job = Box::new(move || Box::pin(job()));
         {
             let Ok(mut pending) = self.pending.lock() else { return };
             if let Some(slot) = pending.get_mut(&key) {
@@ -41,7 +49,7 @@ impl Writer {
             let mut next = Some(job);
             while let Some(job) = next.take() {
                 let permit = permits.acquire().await;
-                job.await;
+                job().await;
                 drop(permit);
                 let Ok(mut p) = pending.lock() else { return };
                 match p.get_mut(&key).and_then(|slot| slot.take()) {
@@ -71,17 +79,17 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(tokio::sync::Notify::new());
         let (l, g) = (log.clone(), gate.clone());
-        w.submit("k".into(), async move {
+        w.submit("k".into(), move || async move {
             g.notified().await;
             l.lock().unwrap().push(1);
         });
         for i in 2..=4 {
             let l = log.clone();
-            w.submit("k".into(), async move { l.lock().unwrap().push(i) });
+            w.submit("k".into(), move || async move { l.lock().unwrap().push(i) });
         }
         let count = Arc::new(AtomicUsize::new(0));
         let c = count.clone();
-        w.submit("other".into(), async move {
+        w.submit("other".into(), move || async move {
             c.fetch_add(1, Ordering::SeqCst);
         });
         gate.notify_one();

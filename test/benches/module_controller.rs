@@ -8,9 +8,11 @@
 //! builds): `base --simulate BASES` runs the bases over one MQTT connection; module pods are
 //! created bound round-robin to their vnodes (the scheduler's part is measured by its own
 //! benchmark). Reported per scale: time from the first create to all pods Running/Ready,
-//! pods/s, the CPU seconds of the controller, the apiserver and the broker over that time, the
-//! controller's RSS (at the end and its peak), and the tunnel messages per second through the
-//! broker (the controller's side: received + sent). The first scale is the baseline the others
+//! pods/s, the CPU seconds of the controller, the apiserver, the broker and the simulated bases
+//! over that time, the controller's RSS (at the end and its peak), the tunnel messages per
+//! second through the broker (the controller's side: received + sent), and the requests per
+//! second the apiserver served by verb and resource (whose share the controller's background
+//! writes — vnode statuses, Leases — take). The first scale is the baseline the others
 //! are compared with. The default is one small scale (50x500) so the suite stays quick. No
 //! timed assertions.
 
@@ -34,9 +36,14 @@ struct Run {
     controller_cpu_s: f64,
     apiserver_cpu_s: f64,
     broker_cpu_s: f64,
+    /// The simulated bases' process (load of the benchmark itself, on the same machine).
+    simulator_cpu_s: f64,
     rss: u64,
     peak_rss: u64,
     messages_per_s: f64,
+    /// Requests the apiserver served over the run, per second, by `verb resource[/sub]`,
+    /// busiest first.
+    api_requests: Vec<(String, f64)>,
 }
 
 impl Run {
@@ -77,7 +84,7 @@ fn main() -> Result<()> {
         println!(
             "module-controller bench: bases={} pods={} vnodes_ready_in={:.1}s created_in={:.1}s all_running_in={:.1}s \
              rate={:.0} pods/s controller_cpu={:.1}s ({:.0}% of one core) apiserver_cpu={:.1}s broker_cpu={:.1}s \
-             controller_rss={} MiB (peak {} MiB) tunnel_messages={:.0}/s",
+             simulator_cpu={:.1}s controller_rss={} MiB (peak {} MiB) tunnel_messages={:.0}/s",
             run.bases,
             run.pods,
             run.join_s,
@@ -88,10 +95,13 @@ fn main() -> Result<()> {
             run.controller_cpu_s / run.total_s.max(1e-3) * 100.0,
             run.apiserver_cpu_s,
             run.broker_cpu_s,
+            run.simulator_cpu_s,
             run.rss >> 20,
             run.peak_rss >> 20,
             run.messages_per_s,
         );
+        let mix: Vec<String> = run.api_requests.iter().map(|(k, r)| format!("{k}={r:.0}/s")).collect();
+        println!("module-controller bench: apiserver requests: {}", mix.join(" "));
         runs.push(run);
     }
     if let Some((base, rest)) = runs.split_first() {
@@ -111,6 +121,37 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The apiserver's `apiserver_request_total` (watches aside) by `verb resource[/subresource]`.
+fn api_requests(metrics: &str) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in metrics.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let label = |name: &str| {
+            let at = line.find(&format!("{name}=\"")).map(|i| i + name.len() + 2)?;
+            line[at..].split('"').next()
+        };
+        let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else { continue };
+        if verb == "WATCH" {
+            continue;
+        }
+        let key = match label("subresource").filter(|s| !s.is_empty()) {
+            Some(sub) => format!("{verb} {resource}/{sub}"),
+            None => format!("{verb} {resource}"),
+        };
+        let n: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        *out.entry(key).or_insert(0.0) += n;
+    }
+    out
+}
+
+/// The apiserver's /metrics text.
+async fn api_metrics(c: &kube::Client) -> String {
+    let req = http::Request::get("/metrics").body(Vec::new());
+    match req {
+        Ok(req) => c.request_text(req).await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
 }
 
 /// Resolves once `n` pods labelled `bench=yes` are Ready, as a watch sees them.
@@ -159,7 +200,7 @@ async fn module_pods_to_running_at_scale(bases: usize, pods_n: usize) -> Result<
             "warn",
         ],
     )?;
-    let _sim = start_simulator(&broker, bases, "sim", dir.path(), "10")?;
+    let sim = start_simulator(&broker, bases, "sim", dir.path(), "10")?;
 
     let nodes: Api<Node> = Api::all(c.clone());
     let lp = ListParams::default().labels("virtual-kubelet.koupleless.io/component=vnode");
@@ -173,10 +214,40 @@ async fn module_pods_to_running_at_scale(bases: usize, pods_n: usize) -> Result<
 
     let pid = mc.pid().unwrap_or_default();
     let (api_pid, broker_pid) = (api.pid().unwrap_or_default(), broker.pid().unwrap_or_default());
+    let sim_pid = sim.pid().unwrap_or_default();
+    // `MC_BENCH_IDLE_S`: first measure the bases' background load alone for that long.
+    let idle = env_usize("MC_BENCH_IDLE_S", 0);
+    if idle > 0 {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let pids = [pid, api_pid, broker_pid, sim_pid];
+        let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_and_rss(*p).unwrap_or_default().0).collect::<Vec<_>>();
+        let (c0, a0) = (cpu(&pids), api_requests(&api_metrics(&c).await));
+        tokio::time::sleep(Duration::from_secs(idle as u64)).await;
+        let (c1, a1) = (cpu(&pids), api_requests(&api_metrics(&c).await));
+        let share: Vec<f64> = c0.iter().zip(&c1).map(|(a, b)| (b - a) / idle as f64 * 100.0).collect();
+        let mix: Vec<String> = a1
+            .iter()
+            .map(|(k, n)| (k, (n - a0.get(k).copied().unwrap_or(0.0)) / idle as f64))
+            .filter(|(_, r)| *r >= 1.0)
+            .map(|(k, r)| format!("{k}={r:.0}/s"))
+            .collect();
+        println!(
+            "module-controller bench: idle with {bases} bases over {idle}s: controller {:.0}% apiserver {:.0}% broker {:.0}% \
+             simulator {:.0}% of one core, rss {} MiB; apiserver requests: {}",
+            share[0],
+            share[1],
+            share[2],
+            share[3],
+            cpu_and_rss(pid).unwrap_or_default().1 >> 20,
+            mix.join(" ")
+        );
+    }
     let (cpu0, _) = cpu_and_rss(pid).unwrap_or_default();
     let (api_cpu0, _) = cpu_and_rss(api_pid).unwrap_or_default();
     let (broker_cpu0, _) = cpu_and_rss(broker_pid).unwrap_or_default();
+    let (sim_cpu0, _) = cpu_and_rss(sim_pid).unwrap_or_default();
     let m0 = http_get(metrics_port, "/metrics").unwrap_or_default();
+    let a0 = api_requests(&api_metrics(&c).await);
     let msgs = |m: &str| {
         metric_sum(m, "module_controller_tunnel_messages_received_total")
             + metric_sum(m, "module_controller_tunnel_commands_sent_total")
@@ -229,8 +300,18 @@ async fn module_pods_to_running_at_scale(bases: usize, pods_n: usize) -> Result<
     let (cpu1, rss) = cpu_and_rss(pid).unwrap_or_default();
     let (api_cpu1, _) = cpu_and_rss(api_pid).unwrap_or_default();
     let (broker_cpu1, _) = cpu_and_rss(broker_pid).unwrap_or_default();
+    let (sim_cpu1, _) = cpu_and_rss(sim_pid).unwrap_or_default();
     let m1 = http_get(metrics_port, "/metrics").unwrap_or_default();
     let secs = total.as_secs_f64().max(1e-3);
+    let mut api_requests: Vec<(String, f64)> = api_requests(&api_metrics(&c).await)
+        .into_iter()
+        .map(|(k, n)| {
+            let r = (n - a0.get(&k).copied().unwrap_or(0.0)) / secs;
+            (k, r)
+        })
+        .filter(|(_, r)| *r >= 1.0)
+        .collect();
+    api_requests.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok(Run {
         bases,
         pods: pods_n,
@@ -240,8 +321,10 @@ async fn module_pods_to_running_at_scale(bases: usize, pods_n: usize) -> Result<
         controller_cpu_s: cpu1 - cpu0,
         apiserver_cpu_s: api_cpu1 - api_cpu0,
         broker_cpu_s: broker_cpu1 - broker_cpu0,
+        simulator_cpu_s: sim_cpu1 - sim_cpu0,
         rss,
         peak_rss: peak_rss.load(std::sync::atomic::Ordering::Relaxed).max(rss),
         messages_per_s: (msgs(&m1) - msgs(&m0)) / secs,
+        api_requests,
     })
 }

@@ -150,7 +150,7 @@ impl H2Channel {
 
     async fn call(self, req: Request<Body>) -> Result<Response<Body>, BoxError> {
         let mut conn = self.conn().await?;
-        let send = match conn.send.clone().ready().await {
+        let mut send = match conn.send.clone().ready().await {
             Ok(s) => s,
             Err(e) => {
                 // The connection broke before this request went out: a fresh one is safe.
@@ -189,7 +189,6 @@ impl H2Channel {
                 None => break,
             }
         }
-        let mut send = send;
         let guard = StreamGuard::new(conn.streams.clone());
         let (response, mut stream) = match (&end, data.is_empty()) {
             (Some(None), true) => send.send_request(head, true)?,
